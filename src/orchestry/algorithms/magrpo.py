@@ -1,0 +1,89 @@
+"""MAGRPO — Multi-Agent Group Relative Policy Optimization: the advantage and the loss, nothing else.
+
+Source: "LLM Collaboration with Multi-Agent Reinforcement Learning" (arXiv 2508.04652) and the authors'
+CoMLRL library. Per problem, each agent i samples G completions; the g-th completions of all agents form
+joint action g, which receives one joint reward R_g. Then
+
+    A_g = R_g - mean_g(R)                                       (group-relative advantage, no std division)
+    L_i = -(1/G) * sum_g A_g * sum_t log pi_i(y_{i,g,t} | x_i, y_{i,g,<t})      (on-policy, no ratio/clip)
+
+Every agent gets the same joint advantage; gradients flow only through its own log-probs. With several
+problems in one update, the per-problem losses are averaged. Optional: a KL penalty to the reference policy
+(k3 estimator, per token, weight beta) and other advantage modes of later CoMLRL versions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ADVANTAGE_MODES = ("mean", "mean_std", "rloo", "max", "raw")
+
+
+def group_advantages(rewards: torch.Tensor, mode: str = "mean", eps: float = 1e-6) -> torch.Tensor:
+    """Group-relative advantages of joint rewards.
+
+    Args:
+        rewards: ``[N, G]`` joint rewards, N problems (groups) x G joint actions.
+        mode: ``"mean"`` (paper: R - mean R), ``"mean_std"`` (÷ group std + eps), ``"rloo"``
+            (leave-one-out mean baseline), ``"max"`` (R - max R), ``"raw"`` (R itself).
+
+    Returns:
+        ``[N, G]`` advantages.
+
+    Raises:
+        ValueError: unknown mode or a group of size < 2 for the relative modes.
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [N, G], got shape {tuple(rewards.shape)}")
+    G = rewards.shape[1]
+    if mode == "raw":
+        return rewards.clone()
+    if G < 2:
+        raise ValueError("group-relative advantages need G >= 2 completions per problem")
+    mean = rewards.mean(dim=1, keepdim=True)
+    if mode == "mean":
+        return rewards - mean
+    if mode == "mean_std":
+        return (rewards - mean) / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
+    if mode == "rloo":
+        return (rewards - mean) * G / (G - 1)  # R_g - mean of the other G-1
+    if mode == "max":
+        return rewards - rewards.max(dim=1, keepdim=True).values
+    raise ValueError(f"unknown advantage mode {mode!r} (allowed: {', '.join(ADVANTAGE_MODES)})")
+
+
+def policy_loss(
+    seq_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    token_kl: torch.Tensor | None = None,
+    beta: float = 0.0,
+) -> torch.Tensor:
+    """MAGRPO loss of ONE agent, averaged over problems.
+
+    Args:
+        seq_logprobs: ``[N, G]`` sum over completion tokens of log pi_i(y_t | x, y_<t) (with grad).
+        advantages: ``[N, G]`` joint advantages (no grad; shared by all agents).
+        token_kl: optional ``[N, G]`` per-completion sum of per-token KL estimates to the reference policy.
+        beta: KL weight (0 disables).
+
+    Returns:
+        scalar loss ``mean_N( -(1/G) sum_g A_g * logp_g ) + beta * mean(KL)``.
+    """
+    if seq_logprobs.shape != advantages.shape:
+        raise ValueError(
+            f"shape mismatch: logprobs {tuple(seq_logprobs.shape)} vs advantages {tuple(advantages.shape)}"
+        )
+    loss = -(advantages.detach() * seq_logprobs).mean(dim=1).mean()
+    if beta and token_kl is not None:
+        loss = loss + beta * token_kl.mean()
+    return loss
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-completion sum of the k3 KL estimator exp(r) - r - 1, r = ref_logp - logp, over masked tokens.
+
+    Args:
+        logp, ref_logp, mask: ``[B, T]``. Returns ``[B]``.
+    """
+    r = (ref_logp - logp) * mask
+    return ((torch.exp(r) - r - 1) * mask).sum(dim=1)

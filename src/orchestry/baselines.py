@@ -1,0 +1,208 @@
+"""Ways of producing (helper, main) code for a problem with a local model, and their per-sample records.
+
+Methods (MAGRPO paper's baselines, plus the trained agents):
+
+- ``single``: one agent writes the entry point alone (no helper).
+- ``concat``: naive concatenation -- helper and main write independently, no communication. With LoRA
+  adapters per agent this is also how MAGRPO-trained agents are evaluated (``method="magrpo"``).
+- ``sequential``: the helper writes ``aux`` first; main sees the helper's code.
+- ``discussion``: one round -- both write drafts independently, then each revises after seeing the other's.
+
+Every sample becomes a record: method, task_id, sample index, texts, each reward level (flat, see
+``LevelReward.to_dict``), prompt/completion tokens and seconds (its share of the batched generate calls).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestry.config import SamplingParams
+from orchestry.llm.local import chat_prompt, generate
+from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, SINGLE_SYSTEM, Problem
+from orchestry.rewards.code import extract_code, level_rewards, single_rewards
+
+METHODS = ("single", "concat", "sequential", "discussion", "magrpo")
+
+
+@dataclass
+class _Gen:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+
+
+def sample_texts(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    adapters: Sequence[str] | None,
+    sampling: SamplingParams,
+    seed: int,
+    batch_size: int = 32,
+) -> list[_Gen]:
+    """Sample one completion per rendered prompt, ``batch_size`` rows per ``generate`` call."""
+    out: list[_Gen] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = list(prompts[start : start + batch_size])
+        ad = list(adapters[start : start + batch_size]) if adapters is not None else None
+        b = generate(
+            model,
+            tokenizer,
+            chunk,
+            ad,
+            max_new_tokens=sampling.max_completion_length,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=seed + start,
+        )
+        per_row = b.seconds / max(1, len(chunk))
+        out += [_Gen(i.text, i.prompt_tokens, i.completion_tokens, per_row) for i in b.items]
+    return out
+
+
+def _revise_helper_prompt(p: Problem, own: str, other: str) -> str:
+    return (
+        p.helper_prompt()
+        + f"\n\nYour first draft:\n```python\n{own}\n```\n"
+        + f"Your teammate's draft of `{p.entry_point}`, which will call `aux`:\n```python\n{other}\n```\n"
+        + "Write your improved `aux` only."
+    )
+
+
+def _revise_main_prompt(p: Problem, own: str, other: str) -> str:
+    return (
+        p.main_prompt(helper_code=other)
+        + f"\n\nYour first draft:\n```python\n{own}\n```\nWrite your improved `{p.entry_point}` only."
+    )
+
+
+def run_method(
+    method: str,
+    problems: Sequence[Problem],
+    model,
+    tokenizer,
+    sandbox,
+    sampling: SamplingParams,
+    num_samples: int = 1,
+    seed: int = 0,
+    batch_size: int = 32,
+    adapters: bool = False,
+) -> list[dict]:
+    """Generate and score ``num_samples`` samples per problem with ``method``.
+
+    Args:
+        adapters: use the peft adapters named ``helper`` and ``main`` (per-row) instead of the bare model.
+
+    Returns:
+        one record per (problem, sample), ordered by problem then sample.
+
+    Raises:
+        ValueError: unknown method.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r} (allowed: {', '.join(METHODS)})")
+    t0 = time.time()
+    jobs = [(p, s) for p in problems for s in range(num_samples)]
+
+    def render(system, user):
+        return chat_prompt(tokenizer, user, system)
+
+    def ad(agent, n):
+        return [agent] * n if adapters else None
+
+    def sample(prompts, agent, offset):
+        return sample_texts(
+            model, tokenizer, prompts, ad(agent, len(prompts)), sampling, seed + offset, batch_size
+        )
+
+    n = len(jobs)
+    helpers: list[_Gen] = []
+    mains: list[_Gen]
+    if method == "single":
+        mains = sample([render(SINGLE_SYSTEM, p.single_prompt()) for p, _ in jobs], "main", 0)
+    elif method in ("concat", "magrpo"):
+        prompts = [render(HELPER_SYSTEM, p.helper_prompt()) for p, _ in jobs]
+        prompts += [render(MAIN_SYSTEM, p.main_prompt()) for p, _ in jobs]
+        agents = ["helper"] * n + ["main"] * n
+        gens = sample_texts(
+            model,
+            tokenizer,
+            prompts,
+            agents if adapters else None,
+            sampling,
+            seed,
+            batch_size,
+        )
+        helpers, mains = gens[:n], gens[n:]
+    elif method == "sequential":
+        helpers = sample([render(HELPER_SYSTEM, p.helper_prompt()) for p, _ in jobs], "helper", 0)
+        hcode = [extract_code(h.text)[0] for h in helpers]
+        mains = sample(
+            [
+                render(MAIN_SYSTEM, p.main_prompt(helper_code=c or None))
+                for (p, _), c in zip(jobs, hcode, strict=True)
+            ],
+            "main",
+            100_000,
+        )
+    else:  # discussion
+        h1 = sample([render(HELPER_SYSTEM, p.helper_prompt()) for p, _ in jobs], "helper", 0)
+        m1 = sample([render(MAIN_SYSTEM, p.main_prompt()) for p, _ in jobs], "main", 100_000)
+        hc = [extract_code(g.text)[0] for g in h1]
+        mc = [extract_code(g.text)[0] for g in m1]
+        h2 = sample(
+            [render(HELPER_SYSTEM, _revise_helper_prompt(p, hc[i], mc[i])) for i, (p, _) in enumerate(jobs)],
+            "helper",
+            200_000,
+        )
+        m2 = sample(
+            [render(MAIN_SYSTEM, _revise_main_prompt(p, mc[i], hc[i])) for i, (p, _) in enumerate(jobs)],
+            "main",
+            300_000,
+        )
+        helpers = [
+            _Gen(
+                b.text,
+                a.prompt_tokens + b.prompt_tokens,
+                a.completion_tokens + b.completion_tokens,
+                a.seconds + b.seconds,
+            )
+            for a, b in zip(h1, h2, strict=True)
+        ]
+        mains = [
+            _Gen(
+                b.text,
+                a.prompt_tokens + b.prompt_tokens,
+                a.completion_tokens + b.completion_tokens,
+                a.seconds + b.seconds,
+            )
+            for a, b in zip(m1, m2, strict=True)
+        ]
+    probs = [p for p, _ in jobs]
+    if method == "single":
+        rewards = single_rewards(probs, [m.text for m in mains], sandbox)
+    else:
+        rewards = level_rewards(probs, [h.text for h in helpers], [m.text for m in mains], sandbox)
+    records = []
+    for i, ((p, s), r) in enumerate(zip(jobs, rewards, strict=True)):
+        h = helpers[i] if helpers else _Gen("", 0, 0, 0.0)
+        m = mains[i]
+        rec = {
+            "method": method,
+            "task_id": p.task_id,
+            "sample": s,
+            "helper": h.text,
+            "main": m.text,
+            **r.to_dict(),
+            "pass": r.total_asserts > 0 and r.passed == r.total_asserts,
+            "prompt_tokens": h.prompt_tokens + m.prompt_tokens,
+            "completion_tokens": h.completion_tokens + m.completion_tokens,
+            "seconds": h.seconds + m.seconds,
+        }
+        records.append(rec)
+    if records:
+        records[0]["method_wall_seconds"] = time.time() - t0
+    return records

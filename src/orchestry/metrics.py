@@ -1,0 +1,117 @@
+"""Evaluation metrics over per-sample records (MAGRPO paper / CoMLRL evaluation, HumanEval's pass@k).
+
+A record is a dict with at least ``task_id``, ``passed``, ``total_asserts``, ``total``, ``structure``,
+``syntax``, ``tests``, ``cooperation``, ``prompt_tokens``, ``completion_tokens``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+
+LEVELS = ("structure", "syntax", "tests", "cooperation")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimator 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, HumanEval), n samples, c correct."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per problem, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def bootstrap_ci(
+    values: Sequence[float], confidence: float = 0.95, n_boot: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of the mean; ``(nan, nan)`` for an empty input."""
+    vals = list(values)
+    if not vals:
+        return (float("nan"), float("nan"))
+    rng = random.Random(seed)
+    n = len(vals)
+    means = sorted(sum(rng.choice(vals) for _ in range(n)) / n for _ in range(n_boot))
+    lo = means[int((1 - confidence) / 2 * (n_boot - 1))]
+    hi = means[int((1 + confidence) / 2 * (n_boot - 1))]
+    return (lo, hi)
+
+
+def is_pass(r: dict) -> bool:
+    return r.get("total_asserts", 0) > 0 and r.get("passed", 0) == r.get("total_asserts", 0)
+
+
+def summarize(records: Sequence[dict], ks: Sequence[int] = (1,), confidence: float = 0.95) -> dict:
+    """Aggregate metrics of one method.
+
+    Returns:
+        ``n_problems``, ``n_samples``, ``pass@k`` and ``accuracy@k`` for each k that fits the per-problem
+        sample count, ``reward`` (mean total, max 4.0) with ``reward_ci_low/high`` (bootstrap over problems),
+        mean of each level, ``cooperation_rate`` (share with cooperation > 0), ``structure_rate``
+        (structure = 1.0), ``syntax_rate``, ``pass_rate``, mean ``prompt_tokens``/``completion_tokens`` per
+        sample.
+    """
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_task[r["task_id"]].append(r)
+    n = len(records)
+    out: dict = {"n_problems": len(by_task), "n_samples": n}
+    if not n:
+        return out
+    min_samples = min(len(v) for v in by_task.values())
+    for k in ks:
+        if k > min_samples:
+            continue
+        out[f"pass@{k}"] = sum(pass_at_k(len(v), sum(map(is_pass, v)), k) for v in by_task.values()) / len(
+            by_task
+        )
+        acc = []
+        for v in by_task.values():
+            fr = [r["passed"] / r["total_asserts"] if r.get("total_asserts") else 0.0 for r in v[:k]]
+            acc.append(max(fr))
+        out[f"accuracy@{k}"] = sum(acc) / len(acc)
+    out["reward"] = sum(r["total"] for r in records) / n
+    per_problem = [sum(r["total"] for r in v) / len(v) for v in by_task.values()]
+    lo, hi = bootstrap_ci(per_problem, confidence)
+    out["reward_ci_low"], out["reward_ci_high"] = lo, hi
+    for lv in LEVELS:
+        out[lv] = sum(r[lv] for r in records) / n
+    out["cooperation_rate"] = sum(r["cooperation"] > 0 for r in records) / n
+    out["structure_rate"] = sum(r["structure"] >= 0.999 for r in records) / n
+    out["syntax_rate"] = sum(r["syntax"] > 0 for r in records) / n
+    out["pass_rate"] = sum(map(is_pass, records)) / n
+    pass_per_problem = [sum(map(is_pass, v)) / len(v) for v in by_task.values()]
+    out["pass_rate_ci_low"], out["pass_rate_ci_high"] = bootstrap_ci(pass_per_problem, confidence)
+    out["prompt_tokens"] = sum(r.get("prompt_tokens", 0) for r in records) / n
+    out["completion_tokens"] = sum(r.get("completion_tokens", 0) for r in records) / n
+    return out
+
+
+def quarter_comparison(step_rewards: Sequence[Sequence[float]], confidence: float = 0.95) -> dict:
+    """Mean training reward of the first vs last quarter of steps, with bootstrap CIs over samples.
+
+    Args:
+        step_rewards: per step, the joint rewards of its samples.
+    """
+    S = len(step_rewards)
+    q = max(1, S // 4)
+    first = [x for s in step_rewards[:q] for x in s]
+    last = [x for s in step_rewards[S - q :] for x in s]
+    res = {"quarter_steps": q}
+    for name, vals in (("first_quarter", first), ("last_quarter", last)):
+        lo, hi = bootstrap_ci(vals, confidence)
+        res[f"{name}_reward"] = sum(vals) / len(vals) if vals else float("nan")
+        res[f"{name}_ci_low"], res[f"{name}_ci_high"] = lo, hi
+    # bootstrap CI of the difference
+    rng = random.Random(1)
+    diffs = []
+    for _ in range(1000):
+        a = [rng.choice(first) for _ in first]
+        b = [rng.choice(last) for _ in last]
+        diffs.append(sum(b) / len(b) - sum(a) / len(a))
+    diffs.sort()
+    res["difference"] = res["last_quarter_reward"] - res["first_quarter_reward"]
+    res["difference_ci_low"] = diffs[int((1 - confidence) / 2 * 999)]
+    res["difference_ci_high"] = diffs[int((1 + confidence) / 2 * 999)]
+    return res

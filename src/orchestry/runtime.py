@@ -1,0 +1,83 @@
+"""Shared start-up for stage scripts: logging, validated params, seeding, threads, JSON helpers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from collections.abc import Iterable
+from pathlib import Path
+
+from orchestry.config import Params, ParamsError, load_params
+
+
+def start_stage(name: str, params_path: str = "params.yaml") -> Params:
+    """Configure logging, validate ``params.yaml`` (exit 2 with the message on error) and seed RNGs."""
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {name} %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
+    for noisy in ("httpx", "alembic", "urllib3", "mlflow.store", "mlflow.tracking"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        params = load_params(params_path)
+    except ParamsError as e:
+        raise SystemExit(f"error: {e}") from None
+    import torch
+
+    torch.manual_seed(0)
+    random.seed(0)
+    return params
+
+
+def write_json(path: str | Path, obj) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def open_sandbox(params: Params):
+    from orchestry.sandbox import Sandbox
+
+    s = params.sandbox
+    return Sandbox(timeout_s=s.timeout_s, memory_mb=s.memory_mb, max_workers=s.workers)
+
+
+def load_policy(params: Params, with_adapters: str | None = None):
+    """Load the base model (``params.model``) and optionally the trained adapters from a folder.
+
+    Args:
+        with_adapters: folder holding ``helper/`` and ``main/`` peft adapters (``train_magrpo``'s output).
+
+    Returns:
+        ``(model, tokenizer)``; with adapters, a PeftModel with adapters named ``helper`` and ``main``.
+    """
+    import torch
+
+    from orchestry.llm.local import load_model
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    model, tok = load_model(params.model.path, params.model.dtype, params.model.load_in_4bit)
+    if with_adapters:
+        from peft import PeftModel
+
+        root = Path(with_adapters)
+        model = PeftModel.from_pretrained(model, str(root / "helper"), adapter_name="helper")
+        model.load_adapter(str(root / "main"), adapter_name="main")
+    model.eval()
+    return model, tok

@@ -1,0 +1,69 @@
+"""Stage `evaluate`: base agents vs MAGRPO-trained adapters on the test split; gathers every method's metrics."""
+
+import json
+import time
+from pathlib import Path
+
+import mlflow
+
+from orchestry.baselines import run_method
+from orchestry.metrics import summarize
+from orchestry.problems import read_jsonl
+from orchestry.runtime import (
+    load_policy,
+    open_sandbox,
+    start_stage,
+    write_json,
+    write_jsonl,
+)
+from orchestry.runtime import (
+    read_jsonl as read_records,
+)
+from orchestry.tracking import log_metrics, stage_run
+
+ADAPTERS = Path("models/adapters/magrpo")
+
+
+def main() -> None:
+    params = start_stage("evaluate")
+    cfg = params.evaluate
+    problems = read_jsonl("data/problems/test.jsonl")[: cfg.max_problems]
+    ks = sorted({1, cfg.num_samples})
+    logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
+    methods: dict[str, dict] = {}
+    with stage_run("evaluate", logged, params.mlflow.experiment):
+        model, tok = load_policy(params, with_adapters=str(ADAPTERS))
+        with open_sandbox(params) as sb:
+            for name, use_adapters in (("base", False), ("magrpo", True)):
+                t0 = time.time()
+                if use_adapters:
+                    recs = run_method("magrpo", problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed,
+                                      cfg.batch_size, adapters=True)  # fmt: skip
+                else:
+                    with model.disable_adapter():
+                        recs = run_method("concat", problems, model, tok, sb, params.sampling, cfg.num_samples,
+                                          cfg.seed, cfg.batch_size)  # fmt: skip
+                    for r in recs:
+                        r["method"] = "base"
+                summary = summarize(recs, ks)
+                summary["seconds"] = time.time() - t0
+                methods[name] = summary
+                write_jsonl(f"reports/eval/{name}.jsonl", recs)
+                mlflow.log_artifact(f"reports/eval/{name}.jsonl", "samples")
+                log_metrics({f"{name}/{k}": v for k, v in summary.items()})
+        for path in sorted(Path("reports/baselines").glob("*.jsonl")):
+            recs = read_records(path)
+            methods[f"baseline_{path.stem}"] = summarize(recs, sorted({1, params.baselines.num_samples}))
+        report = {"test_problems": len(problems), "samples_per_problem": cfg.num_samples, "methods": methods}
+        api = Path("reports/api_grpo/summary.json")
+        if api.exists():
+            report["api_grpo"] = json.loads(api.read_text())
+        write_json("reports/metrics.json", report)
+        mlflow.log_artifact("reports/metrics.json")
+        for name, m in methods.items():
+            print(f"{name:22s} reward {m.get('reward', 0):.3f}  pass@1 {m.get('pass@1', 0):.3f}  "
+                  f"coop {m.get('cooperation_rate', 0):.3f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Stage `train_magrpo`: MAGRPO with one LoRA adapter per agent on a shared frozen base; resumable."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import mlflow
+
+from orchestry.llm.local import attach_adapters
+from orchestry.metrics import quarter_comparison
+from orchestry.problems import read_jsonl
+from orchestry.runtime import load_policy, open_sandbox, start_stage, write_json, write_jsonl
+from orchestry.tracking import log_metrics, stage_run
+from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+
+CKPT = Path("checkpoints/magrpo")
+ADAPTERS = Path("models/adapters/magrpo")
+STEPS_CSV = Path("reports/train/magrpo_steps.csv")
+CSV_FIELDS = [
+    "step", "reward", "structure", "syntax", "tests", "cooperation", "cooperation_rate", "pass_rate",
+    "tokens/prompt", "tokens/completion", "seconds/generate", "seconds/reward", "seconds/update", "seconds",
+]  # fmt: skip
+
+
+def main() -> None:
+    params = start_stage("train_magrpo")
+    cfg = params.train_magrpo
+    problems = read_jsonl("data/problems/train.jsonl")[: cfg.max_problems]
+    logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
+    with stage_run("train_magrpo", logged, params.mlflow.experiment):
+        model, tok = load_policy(params)
+        model = attach_adapters(
+            model,
+            AGENTS,
+            r=cfg.lora_r,
+            alpha=cfg.lora_alpha,
+            dropout=cfg.lora_dropout,
+            target_modules=cfg.target_modules,
+            seed=cfg.seed,
+            quantized=params.model.load_in_4bit,
+        )
+
+        def on_step(rec: dict) -> None:
+            log_metrics({k: v for k, v in rec.items() if k != "step"}, step=rec["step"])
+
+        with open_sandbox(params) as sb:
+            trainer = MAGRPOTrainer(model, tok, problems, sb, cfg, params.sampling, CKPT, on_step=on_step)
+            history = trainer.train()
+        shutil.rmtree(ADAPTERS, ignore_errors=True)
+        trainer.save_adapters(ADAPTERS)
+        STEPS_CSV.parent.mkdir(parents=True, exist_ok=True)
+        with open(STEPS_CSV, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+            w.writeheader()
+            for rec in history:
+                w.writerow(rec)
+        write_jsonl("reports/train/magrpo_samples.jsonl", trainer.samples)
+        per_step = [[s["total"] for s in trainer.samples if s["step"] == rec["step"]] for rec in history]
+        summary = quarter_comparison(per_step)
+        summary.update(
+            steps=len(history),
+            seconds_per_step=sum(r["seconds"] for r in history) / max(1, len(history)),
+            completion_tokens=sum(r["tokens/completion"] for r in history),
+            prompt_tokens=sum(r["tokens/prompt"] for r in history),
+        )
+        write_json("reports/train/magrpo.json", summary)
+        log_metrics({f"summary/{k}": v for k, v in summary.items()})
+        log_metrics(
+            {
+                "cost/prompt_tokens": summary["prompt_tokens"],
+                "cost/completion_tokens": summary["completion_tokens"],
+            }
+        )
+        for agent in AGENTS:
+            mlflow.log_artifacts(str(ADAPTERS / agent), f"adapters/{agent}")
+        mlflow.log_artifact(str(STEPS_CSV), "train")
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}))
+
+
+if __name__ == "__main__":
+    main()
