@@ -1,0 +1,570 @@
+"""The level reward of the code-collaboration task (helper writes ``aux``, main writes the entry point).
+
+Source: MAGRPO paper (arXiv 2508.04652, code-generation reward) and the authors' CoMLRL experiment code
+(``rewards/code_rewards.py``: ``execution_reward_aux``). Each level gates the next; the maximum is 4.0:
+
+1. structure (0..1.0): +0.4 if the helper's code defines ``aux`` at its top level and ``aux`` returns a value
+   (a ``return <value>`` in aux's own body, not in a nested function; ``return None`` does not count);
+   +0.6 if main's code defines the entry point at its top level. No entry point: stop. Code that does not
+   parse is searched chunk by chunk (see ``_function_facts``), so a broken function still counts as defined
+   and level 2 reports the error.
+2. syntax (0 or 0.5): ``problem.context + helper + main`` compiles. Otherwise stop.
+3. tests (0..1.0): passed / total of the problem's assert units, each run on its own in the sandbox.
+4. cooperation (0..1.5, only if >= 1 assert passed and the helper defines ``aux``): +0.5 if the entry point
+   uses aux; +1.0 more if it is not a mere wrapper of aux; -0.5 if aux is called but its value ignored.
+
+Differences from the authors' regex-based code, all deliberate: definitions, wrappers and ignored values are
+read from the AST (see :mod:`orchestry.schemes`), so a shadowed ``aux`` is not a call to the helper; the
+entry point only needs to be defined (ALGORITHMS.md), not to contain ``return``; the tested program is the
+extracted code of both agents as written (not only the two functions cut out of it).
+
+A main that redefines ``aux`` is tested as written -- the later definition wins at run time, so the tests
+run main's own copy -- but it gets no cooperation bonus (its calls do not reach the helper), and the reasons
+say so. (The authors' later code zeroes such samples; this module keeps the gentler rule.)
+
+Model answers are first reduced to code with :func:`extract_code` (the embedded SmolLM2 answers with a
+```` ```python ```` fence followed by prose, see FACTS.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from orchestry.problems import Problem
+from orchestry.schemes import AuxCallInfo, aux_call_info, safe_parse, top_level_function
+
+if TYPE_CHECKING:  # the sandbox is only needed at run time, through the object the caller passes in
+    from orchestry.sandbox import ExecutionResult, Sandbox
+
+MAX_TOTAL = 4.0
+MAX_ANSWER_CHARS = 100_000
+_REASON_CHARS = 300
+
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.#-]*)[^\n]*$", re.MULTILINE)
+_PY_TAGS = {"python", "py", "python3", "py3", "pycon", "ipython"}
+_SPECIAL_TOKEN = re.compile(r"<\|[A-Za-z0-9_]{1,40}\|>")
+_CODE_START = re.compile(r"^(?:@|def |async def |class |import |from \S+ import )", re.MULTILINE)
+_CHUNK_START = re.compile(r"^(?:@|def |async def |class )")
+_MAX_TRIM_TRIES = 64
+_RETURN_LINE = re.compile(r"^[ \t]+return[ \t]+(?!None[ \t]*(?:#.*)?$)\S")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# code extraction
+# ---------------------------------------------------------------------------------------------------------
+def _clean(code: str) -> str:
+    code = textwrap.dedent(code)
+    lines = code.splitlines()
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return "\n".join(line.rstrip() for line in lines) + ("\n" if lines else "")
+
+
+def _longest_parsable_prefix(code: str) -> str:
+    """``code`` cut before trailing prose: the longest prefix ending before a column-0 line that parses."""
+    if safe_parse(code) is not None:
+        return code
+    lines = code.splitlines()
+    cuts = [i for i in range(1, len(lines)) if lines[i][:1] not in ("", " ", "\t")]
+    for tries, cut in enumerate(reversed(cuts)):
+        if tries >= _MAX_TRIM_TRIES:
+            break
+        prefix = "\n".join(lines[:cut])
+        if safe_parse(prefix) is not None:
+            return prefix
+    return code
+
+
+def extract_code(text: str, max_chars: int = MAX_ANSWER_CHARS) -> tuple[str, str]:
+    """The code of a model answer, and why none was found.
+
+    Rules, first match wins:
+
+    1. the answer starts inside a code block (the prompt ended with a fence): when the first fence line has
+       no language tag and a line starting with ``def``/``class``/``import``/``@`` precedes it, the text
+       from that line up to the fence (even if it does not parse: the syntax level reports it);
+    2. the first fenced block tagged ``python`` (``py``, ``python3``, ...), else the first untagged block;
+       an unclosed fence (a truncated answer) runs to the end of the text;
+    3. the whole text, if it parses and holds a statement other than a bare expression (so that prose
+       which happens to parse, such as ``Sure`` or ``Done``, is not taken for code);
+    4. unfenced code mixed with prose: from the first line starting with ``def``/``class``/``import``/``@``
+       to the longest following prefix that parses (or to the end, for the syntax level to report).
+
+    Special tokens such as ``<|im_end|>`` are removed and the code is dedented.
+
+    Args:
+        text: the model's answer (any object: non-strings give a reason, never an exception).
+        max_chars: longer answers are refused (a reason, not an exception), to bound the work.
+
+    Returns:
+        ``(code, reason)``: ``reason`` is ``""`` on success, otherwise e.g. ``"no code block found"`` and
+        ``code`` is ``""``.
+    """
+    if not isinstance(text, str):
+        return "", f"answer is not text ({type(text).__name__})"
+    if len(text) > max_chars:
+        return "", f"answer too long ({len(text)} characters > {max_chars})"
+    text = _SPECIAL_TOKEN.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    if not text.strip():
+        return "", "empty answer"
+    fences = list(_FENCE.finditer(text))
+    if fences:
+        first = fences[0]
+        head = text[: first.start()]
+        start = _CODE_START.search(head)
+        if not first.group(1) and start is not None:
+            return _clean(head[start.start() :]), ""
+        blocks: list[tuple[str, str]] = []
+        for i in range(0, len(fences), 2):
+            opening = fences[i]
+            closing = fences[i + 1] if i + 1 < len(fences) else None
+            body = text[opening.end() + 1 : closing.start() if closing else len(text)]
+            blocks.append((opening.group(1).lower(), body))
+        for wanted in (_PY_TAGS, {""}):
+            for tag, body in blocks:
+                if tag in wanted and body.strip():
+                    return _clean(body), ""
+        tags = sorted({t for t, _ in blocks if t})
+        return "", "no python code block found" + (f" (only {', '.join(tags)})" if tags else "")
+    tree = safe_parse(text)
+    if tree is not None and any(not isinstance(stmt, ast.Expr) for stmt in tree.body):
+        return _clean(text), ""
+    start = _CODE_START.search(text)
+    if start is None:
+        return "", "no code block found"
+    return _clean(_longest_parsable_prefix(text[start.start() :])), ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reward records
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RewardConfig:
+    """Weights of the level reward; defaults are the MAGRPO paper's (CoMLRL ``execution_reward_aux``).
+
+    Attributes:
+        aux_defined_returns: level 1, helper defines ``aux`` and it returns a value.
+        entry_point: level 1, main defines the entry point.
+        syntax: level 2, the combined program compiles.
+        tests: level 3, scaled by the share of asserts passed.
+        calls_aux: level 4, the entry point uses aux.
+        not_wrapper: level 4, the entry point is not a mere wrapper of aux (given it uses aux).
+        ignored_return: level 4, added (negative) when an aux call's value is ignored (given it uses aux).
+        aux_name: the helper function's name.
+        max_answer_chars: longer answers score 0 with a reason (bounds parse/extraction work).
+    """
+
+    aux_defined_returns: float = 0.4
+    entry_point: float = 0.6
+    syntax: float = 0.5
+    tests: float = 1.0
+    calls_aux: float = 0.5
+    not_wrapper: float = 1.0
+    ignored_return: float = -0.5
+    aux_name: str = "aux"
+    max_answer_chars: int = MAX_ANSWER_CHARS
+
+    @property
+    def max_total(self) -> float:
+        """The best reachable total (4.0 with the defaults)."""
+        return (
+            self.aux_defined_returns
+            + self.entry_point
+            + self.syntax
+            + self.tests
+            + self.calls_aux
+            + (self.not_wrapper)
+        )
+
+
+@dataclass
+class LevelReward:
+    """The reward of one (helper, main) sample, level by level (MAGRPO paper's code reward).
+
+    Attributes:
+        structure: level 1 (0..1.0 with the defaults).
+        syntax: level 2 (0 or 0.5).
+        tests: level 3 (0..1.0), ``passed / total_asserts``.
+        cooperation: level 4 (0..1.5).
+        passed: asserts passed (0 when level 3 was not reached).
+        total_asserts: asserts of the problem (0 only for an unknown problem).
+        scheme: cooperation scheme of main's code (:data:`orchestry.schemes.SCHEMES`); computed whenever
+            main's code parses, even when level 4 is not reached (useful for analysis).
+        reasons: one line per lost point, prefixed by ``helper:``/``main:``/``syntax:``/``tests:``/
+            ``cooperation:``.
+    """
+
+    structure: float = 0.0
+    syntax: float = 0.0
+    tests: float = 0.0
+    cooperation: float = 0.0
+    passed: int = 0
+    total_asserts: int = 0
+    scheme: str = "none"
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        """Sum of the four levels (max 4.0 with the default weights)."""
+        return self.structure + self.syntax + self.tests + self.cooperation
+
+    @property
+    def all_passed(self) -> bool:
+        """Every assert passed (the pass@1 event)."""
+        return self.total_asserts > 0 and self.passed == self.total_asserts
+
+    def to_dict(self) -> dict:
+        """The flat fields ``structure, syntax, tests, cooperation, total, passed, total_asserts, scheme,
+        reasons``: raw level values (``total`` in 0..4.0 with the default weights), ``reasons`` a new list.
+        """
+        return {
+            "structure": self.structure,
+            "syntax": self.syntax,
+            "tests": self.tests,
+            "cooperation": self.cooperation,
+            "total": self.total,
+            "passed": self.passed,
+            "total_asserts": self.total_asserts,
+            "scheme": self.scheme,
+            "reasons": list(self.reasons),
+        }
+
+
+def build_program(problem: Problem, helper_code: str, main_code: str) -> str:
+    """The tested program: ``problem.context`` (imports, prompt helpers) + helper's code + main's code.
+
+    Nothing is removed: if main redefines ``aux``, main's later definition wins at run time (the reward
+    notes it and withholds the cooperation bonus). The test setup and asserts are added by the sandbox.
+    """
+    parts = [p.strip("\n") for p in (problem.context, helper_code, main_code) if p and p.strip()]
+    return "\n\n\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# level helpers
+# ---------------------------------------------------------------------------------------------------------
+def _short(text: str, limit: int = _REASON_CHARS) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _function_facts(code: str, name: str) -> tuple[bool, bool]:
+    """``(defined, returns_value)`` for the top-level function ``name`` of ``code``.
+
+    On the AST when ``code`` parses (the last definition wins, as at run time). Otherwise per top-level
+    chunk (split before column-0 ``def``/``class``/``@`` lines): a chunk that parses is read on its AST, a
+    broken one by text (``def name(`` at column 0, an indented ``return <value>`` line), as the authors'
+    regex check did -- so a function with a syntax error still counts as defined and level 2 reports the
+    error.
+    """
+    if not code:
+        return False, False
+    tree = safe_parse(code)
+    if tree is not None:
+        fn = top_level_function(tree, name)
+        return fn is not None, fn is not None and _returns_value(fn)
+    found = (False, False)
+    header = re.compile(rf"^(?:async\s+)?def\s+{re.escape(name)}\s*\(")
+    chunk: list[str] = []
+    for line in [*code.splitlines(), "def _end_():"]:
+        if _CHUNK_START.match(line) and chunk and not chunk[-1].startswith("@"):
+            sub = safe_parse("\n".join(chunk))
+            if sub is not None:
+                fn = top_level_function(sub, name)
+                if fn is not None:
+                    found = (True, _returns_value(fn))
+            elif any(header.match(c) for c in chunk):
+                found = (True, any(_RETURN_LINE.match(c) for c in chunk))
+            chunk = []
+        chunk.append(line)
+    return found
+
+
+def _returns_value(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A ``return <value>`` (not ``return None``) in ``fn``'s own body (nested defs and lambdas excluded)."""
+    stack: list[ast.AST] = list(fn.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Return):
+            if node.value is not None and not (
+                isinstance(node.value, ast.Constant) and node.value.value is None
+            ):
+                return True
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def _compile_error(code: str) -> str:
+    """``""`` if ``code`` compiles, else ``"SyntaxError line N: message"``."""
+    try:
+        compile(code, "<program>", "exec", dont_inherit=True)
+    except SyntaxError as e:
+        return f"{type(e).__name__} line {e.lineno}: {e.msg}"
+    except (ValueError, MemoryError, RecursionError, OverflowError) as e:
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+@dataclass
+class _Pending:
+    problem: Problem
+    reward: LevelReward
+    main_code: str = ""
+    aux_defined: bool = False
+    program: str | None = None  # set when level 3 is reached
+    job: int = -1
+    info: AuxCallInfo | None = None
+
+
+def _answer(text: object, who: str, extract: bool, config: RewardConfig, reasons: list[str]) -> str:
+    if extract:
+        code, why = extract_code(text, config.max_answer_chars)  # type: ignore[arg-type]
+    elif not isinstance(text, str):
+        code, why = "", f"answer is not text ({type(text).__name__})"
+    elif len(text) > config.max_answer_chars:
+        code, why = "", f"answer too long ({len(text)} characters > {config.max_answer_chars})"
+    else:
+        code, why = text, ""
+    if why:
+        reasons.append(f"{who}: {why}")
+    return code
+
+
+def _levels_1_2(
+    problem: Problem, helper: object, main: object, config: RewardConfig, extract: bool, pair: bool
+):
+    """Levels 1 and 2 on the AST; returns a :class:`_Pending` with ``program`` set if level 3 is due."""
+    reward = LevelReward(total_asserts=len(problem.asserts))
+    st = _Pending(problem=problem, reward=reward)
+    reasons = reward.reasons
+    aux = config.aux_name
+    helper_code = _answer(helper, "helper", extract, config, reasons) if pair else ""
+    main_code = _answer(main, "main", extract, config, reasons)
+    st.main_code = main_code
+
+    if pair:
+        st.aux_defined, returns = _function_facts(helper_code, aux)
+        if not st.aux_defined:
+            if helper_code:
+                reasons.append(f"helper: `{aux}` not defined")
+        elif returns:
+            reward.structure += config.aux_defined_returns
+        else:
+            reasons.append(f"helper: `{aux}` does not return a value")
+
+    if not _function_facts(main_code, problem.entry_point)[0]:
+        if main_code:
+            reasons.append(f"main: entry point `{problem.entry_point}` not defined")
+        return st
+    reward.structure += config.entry_point
+    st.info = aux_call_info(main_code, problem.entry_point, aux) if pair else None
+    if st.info is not None:
+        reward.scheme = st.info.scheme
+        if st.info.redefines_aux:
+            reasons.append(f"main: redefines `{aux}` (main's copy overrides the helper's at run time)")
+
+    program = build_program(problem, helper_code, main_code)
+    error = ""
+    for who, code in (("helper", helper_code), ("main", main_code), ("program", program)):
+        if code and (error := _compile_error(code)):
+            reasons.append(f"syntax: {who}: {error}")
+            break
+    if error:
+        return st
+    reward.syntax = config.syntax
+    if not problem.asserts:
+        reasons.append("tests: problem has no asserts")
+        return st
+    st.program = program
+    return st
+
+
+def _run_jobs(sandbox: Sandbox, jobs: list) -> list[ExecutionResult | str]:
+    """``sandbox.run_batch``; if the sandbox itself fails, each job alone, a failure becoming its message."""
+    if not jobs:
+        return []
+    try:
+        results = list(sandbox.run_batch(jobs))
+        if len(results) == len(jobs):
+            return results
+    except Exception:  # fall back to one job at a time to keep every other result
+        pass
+    out: list[ExecutionResult | str] = []
+    for job in jobs:
+        try:
+            out.append(sandbox.run(job))
+        except Exception as e:  # the sandbox's failure is this job's result
+            out.append(f"sandbox error: {type(e).__name__}: {_short(e)}")
+    return out
+
+
+def _level_3(states: list[_Pending], sandbox: Sandbox, config: RewardConfig) -> None:
+    """One ``sandbox.run_batch`` for every pair that reached level 3 (identical programs run once)."""
+    from orchestry.sandbox import Job
+
+    jobs: list = []
+    index: dict[tuple, int] = {}
+    for st in states:
+        if st.program is None:
+            continue
+        p = st.problem
+        key = (st.program, p.asserts, p.test_setup)
+        if key not in index:
+            index[key] = len(jobs)
+            jobs.append(Job(program=st.program, asserts=tuple(p.asserts), setup=p.test_setup))
+        st.job = index[key]
+    results = _run_jobs(sandbox, jobs)
+    for st in states:
+        if st.program is None:
+            continue
+        reward, result = st.reward, results[st.job]
+        total = len(st.problem.asserts)
+        if isinstance(result, str):
+            reward.reasons.append(f"tests: 0/{total} passed; {result}")
+            continue
+        outcomes = list(result.outcomes)[:total]
+        passed = sum(1 for o in outcomes if o.passed)
+        reward.passed = passed
+        reward.tests = config.tests * passed / total
+        if passed == total:
+            continue
+        fails = [
+            f"assert {i + 1}: {_short(o.reason, 120) or 'failed'}"
+            for i, o in enumerate(outcomes)
+            if not o.passed
+        ]
+        detail = "; ".join(fails[:3]) + (f"; ... {len(fails) - 3} more" if len(fails) > 3 else "")
+        if result.error:
+            detail = f"error: {_short(result.error, 160)}" + (f"; {detail}" if detail else "")
+        reward.reasons.append(
+            _short(f"tests: {passed}/{total} passed" + (f"; {detail}" if detail else ""), 600)
+        )
+
+
+def _level_4(st: _Pending, config: RewardConfig) -> None:
+    """Cooperation bonus (MAGRPO paper): only if >= 1 assert passed and the helper defines aux."""
+    reward, aux = st.reward, config.aux_name
+    if st.program is None:
+        return
+    if reward.passed < 1:
+        reward.reasons.append("cooperation: no assert passed (the bonus needs at least one)")
+        return
+    if not st.aux_defined:
+        reward.reasons.append(f"cooperation: the helper defines no `{aux}`")
+        return
+    info = st.info or aux_call_info(st.main_code, st.problem.entry_point, aux)
+    if info.redefines_aux:
+        reward.reasons.append(f"cooperation: main does not call the helper's `{aux}` (it redefines `{aux}`)")
+        return
+    if not info.calls_aux:
+        reward.reasons.append(f"cooperation: main does not call {aux}")
+        return
+    coop = config.calls_aux
+    if info.is_wrapper:
+        reward.reasons.append(f"cooperation: main is a mere wrapper of {aux} (it only returns its value)")
+    else:
+        coop += config.not_wrapper
+    if info.ignores_value:
+        coop += config.ignored_return
+        lines = ", ".join(str(n) for n in info.ignored_lines)
+        reward.reasons.append(f"cooperation: value of {aux}(...) ignored (main line {lines})")
+    reward.cooperation = coop
+
+
+def _score(
+    problems: Sequence[Problem],
+    helpers: Sequence[object] | None,
+    mains: Sequence[object],
+    sandbox: Sandbox,
+    config: RewardConfig | None,
+    extract: bool,
+) -> list[LevelReward]:
+    config = config or RewardConfig()
+    pair = helpers is not None
+    if len(problems) != len(mains) or (pair and len(helpers) != len(mains)):
+        raise ValueError(
+            f"problems, helpers and mains must have the same length, got {len(problems)}, "
+            f"{len(helpers) if pair else '-'}, {len(mains)}"
+        )
+    states: list[_Pending] = []
+    for k, (problem, main) in enumerate(zip(problems, mains, strict=True)):
+        helper = helpers[k] if pair else ""
+        try:
+            states.append(_levels_1_2(problem, helper, main, config, extract, pair))
+        except Exception as e:  # a reward must never crash a training step
+            bad = LevelReward(
+                total_asserts=len(problem.asserts), reasons=[f"internal: {type(e).__name__}: {e}"]
+            )
+            states.append(_Pending(problem=problem, reward=bad))
+    _level_3(states, sandbox, config)
+    if pair:
+        for st in states:
+            try:
+                _level_4(st, config)
+            except Exception as e:  # a reward must never crash a training step
+                st.reward.reasons.append(f"cooperation: internal {type(e).__name__}: {e}")
+    return [st.reward for st in states]
+
+
+def level_rewards(
+    problems: Sequence[Problem],
+    helpers: Sequence[str],
+    mains: Sequence[str],
+    sandbox: Sandbox,
+    config: RewardConfig | None = None,
+    extract: bool = True,
+) -> list[LevelReward]:
+    """Level rewards of B (helper, main) samples: ``helpers[i]`` and ``mains[i]`` answer ``problems[i]``.
+
+    Structure and syntax are judged on the AST for all pairs first, then the pairs that reach level 3 run
+    in ONE ``sandbox.run_batch`` (identical programs once), then cooperation.
+
+    Args:
+        problems, helpers, mains: length B each; helpers/mains are raw model answers (or code, with
+            ``extract=False``). Any value is accepted: non-strings, junk or huge text score 0 with a reason.
+        sandbox: an open :class:`orchestry.sandbox.Sandbox` (its timeout applies per assert).
+        config: weights; ``None`` means :class:`RewardConfig` defaults (the paper's).
+        extract: run :func:`extract_code` on each answer first.
+
+    Returns:
+        B :class:`LevelReward` in input order; ``total`` in [0, 4.0] with the defaults.
+
+    Raises:
+        ValueError: the three sequences differ in length (a caller bug, not a model output).
+    """
+    return _score(problems, helpers, mains, sandbox, config, extract)
+
+
+def single_rewards(
+    problems: Sequence[Problem],
+    mains: Sequence[str],
+    sandbox: Sandbox,
+    config: RewardConfig | None = None,
+    extract: bool = True,
+) -> list[LevelReward]:
+    """Level rewards for the single-agent baseline (one model writes everything, no helper).
+
+    Same levels with no helper: structure counts only the entry point (0.6), cooperation is 0, scheme
+    ``"none"``; the best total is 2.1 with the defaults.
+    """
+    return _score(problems, None, mains, sandbox, config, extract)
+
+
+__all__ = [
+    "MAX_TOTAL",
+    "LevelReward",
+    "RewardConfig",
+    "build_program",
+    "extract_code",
+    "level_rewards",
+    "single_rewards",
+]
