@@ -92,14 +92,19 @@ def stage_run(
             mlflow.log_metric("cost/wall_seconds", time.time() - t0)
 
 
+def metric_name(key: str) -> str:
+    """MLflow-safe metric name: ``pass@k`` becomes ``pass_at_k`` (MLflow rejects ``@``)."""
+    return key.replace("@", "_at_")
+
+
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
-    """Log numeric metrics (non-finite and non-numeric values are skipped)."""
+    """Log numeric metrics (non-finite and non-numeric values are skipped; names via :func:`metric_name`)."""
     import math
 
     import mlflow
 
     clean = {
-        k: float(v)
+        metric_name(k): float(v)
         for k, v in metrics.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
     }
