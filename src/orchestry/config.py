@@ -131,13 +131,13 @@ class ApiGrpoParams(_Section):
         0.3, ge=0, lt=1, description="share of the budget kept for the test eval"
     )
     prices: dict[str, ModelPrice] = Field(default_factory=dict, description="per-model price overrides")
-    max_tokens: int | None = Field(None, ge=1, le=8192, description="None: sampling.max_completion_length")
+    max_tokens: int | None = Field(80, ge=1, le=8192, description="tokens per call (None: sampling's)")
     temperature: float | None = Field(
         None, ge=0, le=2, description="None: sampling's (anthropic: model default)"
     )
     top_p: float | None = Field(None, gt=0, le=1, description="None: sampling's (anthropic: model default)")
     max_problems_eval: int = Field(
-        4, ge=1, description="test problems of the with/without-behaviours comparison"
+        6, ge=1, description="test problems of the with/without-behaviours comparison"
     )
     eval_samples: int = Field(1, ge=1, description="episodes per test problem and arm")
     cache_path: str = Field(".orchestry/api_grpo_cache.sqlite", description="response cache (repo-relative)")

@@ -1,0 +1,201 @@
+"""The behaviour library of API-GRPO: what separates the best trajectories from the worst, as prompt guidelines.
+
+Every m episodes (ALGORITHMS.md, "API-GRPO"):
+
+1. pool every complete trajectory of the episodes so far with its group-relative advantage
+   ``A = R - mean_group R`` (so a hard problem's trajectories are compared with each other, not with an
+   easy problem's);
+2. *top* = the ``top_fraction`` of the pool with the highest A > 0, *bottom* = as many with the lowest A < 0
+   (groups whose trajectories all scored the same carry no signal and drop out);
+3. the deterministic extractor (always on) compares measurable features of top and bottom
+   (:meth:`orchestry.tasks.common.Task.features`: cooperation scheme of main's code via
+   :func:`orchestry.schemes.detect_scheme`, answer and code length, fences, prose after the code,
+   truncation, aux definition and use, test-passing structure): for a 0/1 feature the effect is the
+   difference of rates, for a count the difference of means in pooled standard deviations;
+4. features with a large enough effect (a 0/1 rate difference of at least 0.25 and of at least two
+   trajectories' worth, i.e. ``2 / n`` with n per side; a count's difference of at least 0.8 pooled
+   standard deviations) and a guideline template become guidelines for their agent, strongest first (``outcome_*`` features -- syntax ok, tests passed -- are reported, never turned into
+   guidelines: they restate the reward);
+5. optionally the LLM judge reads top and bottom transcripts and proposes guidelines too.
+
+The guidelines are injected into the agents' prompts (``Problem.helper_prompt(behaviors=...)`` etc.).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FeatureContrast:
+    """One feature's means in the top and bottom trajectories and the effect size (see module docstring)."""
+
+    name: str
+    top: float
+    bottom: float
+    effect: float
+    binary: bool
+
+    def to_dict(self) -> dict:
+        return {"feature": self.name, "top": self.top, "bottom": self.bottom, "effect": self.effect,
+                "binary": self.binary}  # fmt: skip
+
+
+@dataclass
+class Guideline:
+    """A guideline for one agent, where it came from (``features`` or ``judge``) and its evidence."""
+
+    role: str
+    text: str
+    source: str
+    feature: str = ""
+    effect: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"role": self.role, "text": self.text, "source": self.source, "feature": self.feature,
+                "effect": self.effect}  # fmt: skip
+
+
+@dataclass
+class LibraryUpdate:
+    """One refresh of the library: sizes, the feature report, and the guidelines per role."""
+
+    after_episode: int
+    pool: int
+    top: int
+    bottom: int
+    contrasts: list[FeatureContrast] = field(default_factory=list)
+    guidelines: list[Guideline] = field(default_factory=list)
+    note: str = ""
+
+    def behaviors(self) -> dict[str, str]:
+        """``{role: "- guideline\\n- guideline"}`` ready for prompt injection."""
+        out: dict[str, list[str]] = {}
+        for g in self.guidelines:
+            out.setdefault(g.role, []).append(f"- {g.text}")
+        return {r: "\n".join(lines) for r, lines in out.items()}
+
+    def to_dict(self) -> dict:
+        return {
+            "after_episode": self.after_episode,
+            "pool": self.pool,
+            "top": self.top,
+            "bottom": self.bottom,
+            "note": self.note,
+            "features": [c.to_dict() for c in self.contrasts],
+            "guidelines": [g.to_dict() for g in self.guidelines],
+            "behaviors": self.behaviors(),
+        }
+
+
+def split_top_bottom(advantages: Sequence[float], top_fraction: float) -> tuple[list[int], list[int]]:
+    """Indices of the top and bottom trajectories by advantage (see module docstring, step 2).
+
+    ``n = max(1, round(top_fraction * len(advantages)))`` on each side, only A > 0 on top and A < 0 at the
+    bottom, best first / worst first; ties keep input order.
+    """
+    n = max(1, round(top_fraction * len(advantages))) if advantages else 0
+    order = sorted(range(len(advantages)), key=lambda i: -advantages[i])
+    top = [i for i in order if advantages[i] > 0][:n]
+    bottom = [i for i in reversed(order) if advantages[i] < 0][:n]
+    return top, bottom
+
+
+def contrast(
+    top: Sequence[Mapping[str, float]], bottom: Sequence[Mapping[str, float]]
+) -> list[FeatureContrast]:
+    """Effect of every feature present in both groups, largest ``|effect|`` first.
+
+    Binary (all values 0/1): ``mean_top - mean_bottom``. Otherwise the difference of means divided by the
+    pooled standard deviation (0 when both groups are constant and equal; +-inf capped at +-10).
+    """
+    names = (
+        sorted(set().union(*[set(f) for f in top]) & set().union(*[set(f) for f in bottom]))
+        if top and bottom
+        else []
+    )
+    out = []
+    for name in names:
+        a = [float(f.get(name, 0.0)) for f in top]
+        b = [float(f.get(name, 0.0)) for f in bottom]
+        ma, mb = sum(a) / len(a), sum(b) / len(b)
+        binary = all(v in (0.0, 1.0) for v in a + b)
+        if binary:
+            effect = ma - mb
+        else:
+            va = sum((x - ma) ** 2 for x in a) / max(1, len(a) - 1)
+            vb = sum((x - mb) ** 2 for x in b) / max(1, len(b) - 1)
+            sd = math.sqrt((va + vb) / 2)
+            effect = (ma - mb) / sd if sd > 0 else (0.0 if ma == mb else math.copysign(10.0, ma - mb))
+            effect = max(-10.0, min(10.0, effect))
+        out.append(FeatureContrast(name, ma, mb, effect, binary))
+    out.sort(key=lambda c: (-abs(c.effect), c.name))
+    return out
+
+
+def guidelines_from_contrasts(
+    contrasts: Sequence[FeatureContrast],
+    guides: Mapping[str, tuple[str, str | None, str | None]],
+    max_per_role: int,
+    min_effect_binary: float = 0.25,
+    min_effect_numeric: float = 0.8,
+) -> list[Guideline]:
+    """Turn strong contrasts into guidelines via ``guides[feature] = (role, if higher in top, if lower)``.
+
+    A 0/1 feature needs ``|rate difference| >= min_effect_binary``, a count ``|standardised difference| >=
+    min_effect_numeric`` (0.8: a "large" effect). ``{top}``/``{bottom}`` in a template are the feature's
+    means. ``outcome_*`` features are skipped. At most ``max_per_role`` per role, strongest first.
+    """
+    out: list[Guideline] = []
+    per_role: dict[str, int] = {}
+    for c in contrasts:
+        if c.name.startswith("outcome_") or c.name not in guides:
+            continue
+        if abs(c.effect) < (min_effect_binary if c.binary else min_effect_numeric):
+            continue
+        role, higher, lower = guides[c.name]
+        template = higher if c.effect > 0 else lower
+        if not template or per_role.get(role, 0) >= max_per_role:
+            continue
+        text = template.format(top=c.top, bottom=c.bottom)
+        if any(g.text == text for g in out):
+            continue
+        per_role[role] = per_role.get(role, 0) + 1
+        out.append(Guideline(role, text, "features", c.name, c.effect))
+    return out
+
+
+def extract_behaviors(
+    features: Sequence[Mapping[str, float]],
+    advantages: Sequence[float],
+    guides: Mapping[str, tuple[str, str | None, str | None]],
+    after_episode: int,
+    top_fraction: float = 0.2,
+    max_per_role: int = 3,
+) -> LibraryUpdate:
+    """The deterministic extractor: steps 2-4 of the module docstring over a pool of trajectories.
+
+    Args:
+        features: one feature dict per trajectory of the pool.
+        advantages: their group-relative advantages (same order).
+        guides: the task's guideline templates (``Task.feature_guides``).
+
+    Returns:
+        A :class:`LibraryUpdate` (no guidelines and a ``note`` when top or bottom is empty).
+    """
+    if len(features) != len(advantages):
+        raise ValueError(f"{len(features)} feature dicts for {len(advantages)} advantages")
+    top, bottom = split_top_bottom(advantages, top_fraction)
+    update = LibraryUpdate(after_episode, len(features), len(top), len(bottom))
+    if not top or not bottom:
+        update.note = "no contrast: every group's trajectories scored the same"
+        return update
+    update.contrasts = contrast([features[i] for i in top], [features[i] for i in bottom])
+    # a 0/1 difference must be carried by at least two trajectories (with 3 per side: 2/3), not one
+    min_binary = max(0.25, 2 / min(len(top), len(bottom)) - 1e-9)
+    update.guidelines = guidelines_from_contrasts(update.contrasts, guides, max_per_role, min_binary)
+    if not update.guidelines:
+        update.note = "no feature separated top from bottom strongly enough"
+    return update

@@ -1,0 +1,641 @@
+"""Chat backends behind one interface: Anthropic (official SDK), any OpenAI-compatible server, the local model.
+
+A backend turns :class:`ChatRequest` s (messages, system prompt, sampling parameters, sample index) into
+:class:`ChatResult` s (text, tokens from the API's usage fields, USD from :mod:`orchestry.llm.cost`).
+``complete_batch`` is the entry point the search uses: the local backend renders every pending prompt and
+samples them in as few batched ``generate`` calls as possible; the API backends send them concurrently.
+
+* ``anthropic``: the Messages API (``POST /v1/messages``) through ``anthropic.Anthropic``; retries (429, 5xx,
+  connection errors, with the server's ``retry-after``) and timeouts are the SDK's, configured with
+  ``max_retries`` and ``timeout``. The SDK (>= 2) has no sampling arguments and recent Claude models reject
+  them, so temperature/top_p are only sent (as ``extra_body``) when set explicitly.
+* ``openai_compatible``: ``POST {base_url}/chat/completions`` (vLLM, Ollama, llama.cpp server, OpenAI, ...)
+  with the standard library's HTTP client, so no extra dependency; it retries 408/409/429/5xx and connection
+  errors ``max_retries`` times with the same backoff policy as the Anthropic SDK (``Retry-After`` honoured,
+  else 0.5 s x 2^attempt, at most 8 s).
+* ``local``: the transformers model of the pipeline (:mod:`orchestry.llm.local`); free, offline, seeded.
+
+Misconfiguration (missing key, missing ``base_url``, unreachable server, rejected key) raises
+:class:`BackendConfigError` from the constructor or :meth:`preflight`, before any work, naming the parameter
+or environment variable to set.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from orchestry.llm.cost import FREE, Price
+
+log = logging.getLogger("orchestry.llm.backends")
+
+Message = tuple[str, str]  # (role, content), role "user" or "assistant"
+
+
+class BackendConfigError(RuntimeError):
+    """A backend cannot work as configured; the message names the parameter or environment variable to set."""
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One chat completion to sample.
+
+    Attributes:
+        messages: ``((role, content), ...)`` alternating user/assistant, ending with a user turn.
+        system: system prompt (``None``: none).
+        sample_index: which of the k samples of this prompt (part of the cache key, so k samples of one
+            prompt are k distinct cached responses).
+        max_tokens: cap on completion tokens.
+        temperature / top_p: ``None`` leaves the backend's default.
+        tags: cost attribution labels (e.g. ``("helper", "episode:3")``); not part of the cache key.
+    """
+
+    messages: tuple[Message, ...]
+    system: str | None = None
+    sample_index: int = 0
+    max_tokens: int = 256
+    temperature: float | None = None
+    top_p: float | None = None
+    tags: tuple[str, ...] = ()
+
+    def key_fields(self) -> dict:
+        """Everything that determines the response (for the cache key)."""
+        return {
+            "messages": [list(m) for m in self.messages],
+            "system": self.system,
+            "sample_index": self.sample_index,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+        }
+
+    def chars(self) -> int:
+        return len(self.system or "") + sum(len(c) for _, c in self.messages)
+
+
+@dataclass
+class ChatResult:
+    """One response: ``text``, tokens (from the API's usage fields), ``usd``, and whether the cache served it.
+
+    Attributes:
+        prompt_tokens / completion_tokens: tokens (prompt includes cache-write/read tokens for Anthropic).
+        usd: what the call cost when it was made (a cache hit costs nothing now: see ``cached``).
+        seconds: wall time of the call (0 for a cache hit).
+        stop_reason: the API's stop/finish reason (``"length"``/``"max_tokens"`` when cut).
+    """
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    usd: float
+    cached: bool = False
+    seconds: float = 0.0
+    stop_reason: str = ""
+
+
+def as_messages(messages: Iterable[Mapping[str, str] | Sequence[str]] | str) -> tuple[Message, ...]:
+    """Normalise ``"text"``, ``[{"role", "content"}]`` or ``[(role, content)]`` to ``((role, content), ...)``."""
+    if isinstance(messages, str):
+        return (("user", messages),)
+    out = []
+    for m in messages:
+        if isinstance(m, Mapping):
+            out.append((str(m["role"]), str(m["content"])))
+        else:
+            role, content = m
+            out.append((str(role), str(content)))
+    return tuple(out)
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """What the search needs from a chat backend."""
+
+    backend: str
+    model: str
+    price: Price
+    batched: bool  # True: complete_batch samples many prompts in one model call (local)
+
+    def identity(self) -> dict:
+        """What besides the request determines a response (backend, model, ...): part of the cache key."""
+        ...
+
+    def preflight(self) -> None:
+        """Check key and server before any work. Raises :class:`BackendConfigError`."""
+        ...
+
+    def complete(
+        self,
+        messages,
+        system: str | None = None,
+        sample_index: int = 0,
+        max_tokens: int = 256,
+        temperature: float | None = None,
+        top_p: float | None = None,
+    ) -> ChatResult: ...
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResult]: ...
+
+
+class _Base:
+    backend = "base"
+    batched = False
+    concurrency = 1
+
+    def complete(
+        self,
+        messages,
+        system: str | None = None,
+        sample_index: int = 0,
+        max_tokens: int = 256,
+        temperature: float | None = None,
+        top_p: float | None = None,
+    ) -> ChatResult:
+        """Sample one response. ``messages``: text, ``[{"role", "content"}]`` or ``[(role, content)]``."""
+        req = ChatRequest(as_messages(messages), system, sample_index, max_tokens, temperature, top_p)
+        return self.complete_batch([req])[0]
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
+        """Sample every request (concurrently, ``concurrency`` at a time); results in input order."""
+        if len(requests) <= 1 or self.concurrency <= 1:
+            return [self._one(r) for r in requests]
+        with cf.ThreadPoolExecutor(min(self.concurrency, len(requests))) as pool:
+            return list(pool.map(self._one, requests))
+
+    def _one(self, request: ChatRequest) -> ChatResult:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def preflight(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+# -------------------------------------------------------------------------------------------------------------
+# Anthropic
+# -------------------------------------------------------------------------------------------------------------
+class AnthropicChat(_Base):
+    """Claude through the official SDK's Messages API.
+
+    Args:
+        model: e.g. ``"claude-haiku-4-5"``.
+        api_key_env: environment variable holding the key (``ANTHROPIC_API_KEY``).
+        base_url: API root (``None``: the SDK's default or ``ANTHROPIC_BASE_URL``).
+        timeout_s: seconds per request attempt; max_retries: SDK retries (429, 5xx, connection errors).
+        price: USD per million tokens (see :func:`orchestry.llm.cost.require_price`).
+
+    Raises:
+        BackendConfigError: the key variable is unset or empty (before any request).
+    """
+
+    backend = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        api_key_env: str = "ANTHROPIC_API_KEY",
+        base_url: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        concurrency: int = 4,
+        price: Price = FREE,
+    ):
+        import anthropic
+
+        key = os.environ.get(api_key_env, "")
+        if not key.strip():
+            raise BackendConfigError(
+                f"the anthropic backend needs an API key: set the environment variable {api_key_env} "
+                "(or name another variable in api_grpo.api_key_env); to run offline set api_grpo.backend: local"
+            )
+        self.model, self.price, self.concurrency = model, price, concurrency
+        self.api_key_env, self.base_url = api_key_env, base_url
+        self._anthropic = anthropic
+        self.client = anthropic.Anthropic(
+            api_key=key, base_url=base_url, max_retries=max_retries, timeout=timeout_s
+        )
+
+    def identity(self) -> dict:
+        return {"backend": self.backend, "model": self.model}
+
+    def preflight(self) -> None:
+        """List models once (free, no retries): unreachable server or rejected key fail here.
+
+        Raises:
+            BackendConfigError: connection failure (names ``api_grpo.base_url``/``ANTHROPIC_BASE_URL``) or a
+                401/403 (names the key variable).
+        """
+        a = self._anthropic
+        try:
+            self.client.with_options(max_retries=0, timeout=15.0).models.list(limit=1)
+        except a.APIConnectionError as e:
+            where = self.base_url or os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
+            raise BackendConfigError(
+                f"cannot reach the Anthropic API at {where} ({e}); check the network or set api_grpo.base_url"
+            ) from None
+        except (a.AuthenticationError, a.PermissionDeniedError) as e:
+            raise BackendConfigError(
+                f"the Anthropic API rejected the key in {self.api_key_env} ({e.status_code}); set a valid key"
+            ) from None
+        except a.APIStatusError as e:  # e.g. a proxy without /v1/models: not fatal
+            log.warning("preflight: GET /v1/models answered %s; continuing", e.status_code)
+
+    def _one(self, request: ChatRequest) -> ChatResult:
+        t0 = time.time()
+        extra = {
+            k: v for k, v in (("temperature", request.temperature), ("top_p", request.top_p)) if v is not None
+        }
+        kwargs: dict = {
+            "model": self.model,
+            "max_tokens": request.max_tokens,
+            "messages": [{"role": r, "content": c} for r, c in request.messages],
+        }
+        if request.system:
+            kwargs["system"] = request.system
+        if extra:
+            kwargs["extra_body"] = extra
+        msg = self.client.messages.create(**kwargs)
+        text = "".join(getattr(b, "text", "") for b in msg.content if getattr(b, "type", "") == "text")
+        u = msg.usage
+        fresh, out = int(u.input_tokens or 0), int(u.output_tokens or 0)
+        write = int(getattr(u, "cache_creation_input_tokens", 0) or 0)
+        read = int(getattr(u, "cache_read_input_tokens", 0) or 0)
+        return ChatResult(
+            text=text,
+            prompt_tokens=fresh + write + read,
+            completion_tokens=out,
+            usd=self.price.usd(fresh, out, write, read),
+            seconds=time.time() - t0,
+            stop_reason=str(msg.stop_reason or ""),
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+
+# -------------------------------------------------------------------------------------------------------------
+# OpenAI-compatible servers
+# -------------------------------------------------------------------------------------------------------------
+_RETRY_STATUS = {408, 409, 429}
+
+
+class OpenAICompatibleChat(_Base):
+    """Any server speaking ``POST /v1/chat/completions`` (vLLM, Ollama, llama.cpp, OpenAI, ...).
+
+    Args:
+        model: the server's model name.
+        base_url: API root including the version, e.g. ``http://localhost:8000/v1``.
+        api_key_env: variable holding a bearer key (``None``: send none; most local servers need none).
+        seed: sent as ``seed + sample_index`` (servers that support it then answer reproducibly).
+
+    Raises:
+        BackendConfigError: ``base_url`` missing, or ``api_key_env`` named but unset.
+    """
+
+    backend = "openai_compatible"
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None,
+        api_key_env: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        concurrency: int = 4,
+        price: Price = FREE,
+        seed: int = 0,
+    ):
+        if not base_url:
+            raise BackendConfigError(
+                "the openai_compatible backend needs a server: set api_grpo.base_url "
+                "(e.g. http://localhost:8000/v1 for vLLM, http://localhost:11434/v1 for Ollama)"
+            )
+        self.key = ""
+        if api_key_env:
+            self.key = os.environ.get(api_key_env, "")
+            if not self.key.strip():
+                raise BackendConfigError(
+                    f"api_grpo.api_key_env names {api_key_env}, which is not set: export it, "
+                    "or set api_grpo.api_key_env: null for a server without authentication"
+                )
+        self.model, self.base_url, self.api_key_env = model, base_url.rstrip("/"), api_key_env
+        self.timeout_s, self.max_retries, self.concurrency = timeout_s, max_retries, concurrency
+        self.price, self.seed = price, seed
+        self._warned_usage = False
+
+    def identity(self) -> dict:
+        return {"backend": self.backend, "model": self.model, "base_url": self.base_url, "seed": self.seed}
+
+    def _http(self, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, dict, dict]:
+        """``(status, headers, json)``; raises ``urllib.error.URLError`` on connection failure."""
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                raw = resp.read()
+                return resp.status, dict(resp.headers), json.loads(raw or b"{}")
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                payload = json.loads(raw or b"{}")
+            except json.JSONDecodeError:
+                payload = {"error": raw[:500].decode(errors="replace")}
+            return e.code, dict(e.headers or {}), payload
+
+    def preflight(self) -> None:
+        """``GET {base_url}/models`` once.
+
+        Raises:
+            BackendConfigError: unreachable (names ``api_grpo.base_url``) or 401/403 (names the key variable).
+        """
+        try:
+            status, _, _ = self._http("GET", "/models", None, min(self.timeout_s, 15.0))
+        except (urllib.error.URLError, OSError) as e:
+            raise BackendConfigError(
+                f"cannot reach the server at api_grpo.base_url = {self.base_url} ({e}); start it or fix the URL"
+            ) from None
+        if status in (401, 403):
+            raise BackendConfigError(
+                f"the server at {self.base_url} refused the request ({status}): set a key in an environment "
+                "variable and name it in api_grpo.api_key_env"
+            )
+        if status >= 400:
+            log.warning("preflight: GET %s/models answered %s; continuing", self.base_url, status)
+
+    @staticmethod
+    def _retry_after(headers: Mapping[str, str]) -> float | None:
+        low = {k.lower(): v for k, v in headers.items()}
+        for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+            try:
+                value = float(low[name]) * scale
+            except (KeyError, ValueError):
+                continue
+            if 0 <= value <= 60:
+                return value
+        return None
+
+    def _one(self, request: ChatRequest) -> ChatResult:
+        msgs = ([{"role": "system", "content": request.system}] if request.system else []) + [
+            {"role": r, "content": c} for r, c in request.messages
+        ]
+        body: dict = {
+            "model": self.model,
+            "messages": msgs,
+            "max_tokens": request.max_tokens,
+            "seed": self.seed + request.sample_index,
+        }
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if request.top_p is not None:
+            body["top_p"] = request.top_p
+        t0 = time.time()
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            wait = None
+            try:
+                status, headers, payload = self._http("POST", "/chat/completions", body, self.timeout_s)
+            except (urllib.error.URLError, OSError) as e:  # connection error or timeout: retry
+                status, headers, payload, last = 0, {}, {}, f"{type(e).__name__}: {e}"
+            if status == 200:
+                return self._result(payload, request, time.time() - t0)
+            if status:
+                last = f"HTTP {status}: {json.dumps(payload)[:300]}"
+                if status in (401, 403):
+                    raise BackendConfigError(
+                        f"{self.base_url} refused the key ({status}); check api_grpo.api_key_env"
+                    )
+                if status not in _RETRY_STATUS and status < 500:
+                    raise RuntimeError(f"openai_compatible request failed: {last}")
+                wait = self._retry_after(headers)
+            if attempt < self.max_retries:
+                if wait is None:
+                    wait = min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random())
+                time.sleep(wait)
+        raise RuntimeError(f"openai_compatible request failed after {self.max_retries} retries: {last}")
+
+    def _result(self, payload: dict, request: ChatRequest, seconds: float) -> ChatResult:
+        choice = (payload.get("choices") or [{}])[0]
+        text = (choice.get("message") or {}).get("content") or ""
+        usage = payload.get("usage") or {}
+        if "prompt_tokens" in usage:
+            pin, pout = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        else:  # some servers omit usage: estimate (and say so once)
+            from orchestry.llm.cost import estimate_tokens
+
+            if not self._warned_usage:
+                log.warning("%s returns no usage fields: tokens are estimated from characters", self.base_url)
+                self._warned_usage = True
+            pin, pout = estimate_tokens(request.chars()), estimate_tokens(len(text))
+        return ChatResult(
+            text=text,
+            prompt_tokens=pin,
+            completion_tokens=pout,
+            usd=self.price.usd(pin, pout),
+            seconds=seconds,
+            stop_reason=str(choice.get("finish_reason") or ""),
+        )
+
+
+# -------------------------------------------------------------------------------------------------------------
+# Local transformers model
+# -------------------------------------------------------------------------------------------------------------
+def _weights_fingerprint(path: Path) -> str:
+    """Cheap content fingerprint of a model folder: config + size and first/last MiB of each weight file."""
+    h = hashlib.sha256()
+    for f in sorted(path.glob("*")):
+        if f.suffix in (".json", ".jinja"):
+            h.update(f.name.encode() + f.read_bytes())
+        elif f.suffix in (".safetensors", ".bin"):
+            size = f.stat().st_size
+            h.update(f"{f.name}:{size}".encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read(1 << 20))
+                fh.seek(max(0, size - (1 << 20)))
+                h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class LocalChat(_Base):
+    """The pipeline's local transformers model as a chat backend (free, offline).
+
+    ``complete_batch`` renders all requests with the tokenizer's chat template and samples them in batched
+    ``generate`` calls (one per distinct (max_tokens, temperature, top_p), ``batch_size`` rows at most).
+    Each call is seeded from ``seed`` and the requests it holds, so a run with the same requests gives the
+    same responses on CPU.
+
+    Attributes:
+        model_path: folder with the safetensors model (``models/base``), loaded on the first request that
+            the cache cannot answer; or pass ``hf_model``/``tokenizer``.
+        stop_at_code_end: stop a row once it closes a fenced code block (see :mod:`orchestry.llm.local`).
+    """
+
+    model_path: str = "models/base"
+    dtype: str = "float32"
+    seed: int = 0
+    batch_size: int = 32
+    stop_at_code_end: bool = True
+    hf_model: object = None
+    tokenizer: object = None
+    name: str | None = None
+    backend: str = field(default="local", init=False)
+    batched: bool = field(default=True, init=False)
+    price: Price = field(default=FREE, init=False)
+
+    def __post_init__(self) -> None:
+        self.model = self.name or str(self.model_path)
+        if self.hf_model is None:  # loaded on the first cache miss: a fully cached re-run never loads it
+            if not (Path(self.model_path) / "config.json").exists():
+                raise BackendConfigError(
+                    f"no model at {self.model_path}: run `dvc repro prepare`, or set model.path / api_grpo.model"
+                )
+            self._fingerprint = _weights_fingerprint(Path(self.model_path))
+        else:
+            params_sum = sum(float(p.detach().double().sum()) for p in self.hf_model.parameters())
+            self._fingerprint = "in-memory:" + hashlib.sha256(str(params_sum).encode()).hexdigest()[:16]
+            self.hf_model.eval()
+
+    def _ensure_loaded(self) -> None:
+        if self.hf_model is None:
+            from orchestry.llm.local import load_model
+
+            self.hf_model, self.tokenizer = load_model(self.model_path, self.dtype)
+            self.hf_model.eval()
+
+    def identity(self) -> dict:
+        return {
+            "backend": self.backend,
+            "model": self.model,
+            "weights": self._fingerprint,
+            "seed": self.seed,
+            "stop_at_code_end": self.stop_at_code_end,
+        }
+
+    def render(self, request: ChatRequest) -> str:
+        """The prompt text for ``request`` (chat template, generation prompt appended)."""
+        msgs = ([{"role": "system", "content": request.system}] if request.system else []) + [
+            {"role": r, "content": c} for r, c in request.messages
+        ]
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return "\n\n".join(m["content"] for m in msgs) + "\n"
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
+        """Sample all ``requests`` in batched ``generate`` calls; results in input order, 0 USD."""
+        from orchestry.llm.local import generate
+
+        self._ensure_loaded()
+        results: list[ChatResult | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((r.max_tokens, r.temperature, r.top_p), []).append(i)
+        for (max_tokens, temperature, top_p), idx in groups.items():
+            for start in range(0, len(idx), self.batch_size):
+                chunk = idx[start : start + self.batch_size]
+                prompts = [self.render(requests[i]) for i in chunk]
+                keys = json.dumps([requests[i].key_fields() for i in chunk], sort_keys=True)
+                seed = (self.seed * 1_000_003 + zlib.crc32(keys.encode())) % (2**31)
+                t0 = time.time()
+                batch = generate(
+                    self.hf_model,
+                    self.tokenizer,
+                    prompts,
+                    max_new_tokens=max_tokens,
+                    temperature=1.0 if temperature is None else temperature,
+                    top_p=1.0 if top_p is None else top_p,
+                    seed=seed,
+                    stop_at_code_end=self.stop_at_code_end,
+                )
+                seconds = (time.time() - t0) / max(1, len(chunk))
+                for i, g in zip(chunk, batch.items, strict=True):
+                    results[i] = ChatResult(
+                        text=g.text,
+                        prompt_tokens=g.prompt_tokens,
+                        completion_tokens=g.completion_tokens,
+                        usd=0.0,
+                        seconds=seconds,
+                        stop_reason="length" if g.completion_tokens >= max_tokens else "stop",
+                    )
+        return results  # type: ignore[return-value]
+
+
+# -------------------------------------------------------------------------------------------------------------
+# factory
+# -------------------------------------------------------------------------------------------------------------
+def default_key_env(backend: str, api_key_env: str | None) -> str | None:
+    """``api_key_env`` or the backend's default (``ANTHROPIC_API_KEY`` for anthropic, none otherwise)."""
+    if api_key_env:
+        return api_key_env
+    return "ANTHROPIC_API_KEY" if backend == "anthropic" else None
+
+
+def make_backend(
+    backend: str,
+    model: str | None,
+    *,
+    base_url: str | None = None,
+    api_key_env: str | None = None,
+    timeout_s: float = 60.0,
+    max_retries: int = 4,
+    concurrency: int = 4,
+    price: Price = FREE,
+    seed: int = 0,
+    local_model_path: str = "models/base",
+    local_dtype: str = "float32",
+    local_batch_size: int = 32,
+    shared_local: LocalChat | None = None,
+) -> ChatModel:
+    """Build the backend named in params (``api_grpo.backend``).
+
+    ``shared_local`` lets a second local backend (e.g. the judge) reuse an already loaded model.
+
+    Raises:
+        BackendConfigError: unknown backend, missing model name, key or base_url (see each backend).
+    """
+    if backend == "local":
+        path = model or local_model_path
+        if shared_local is not None and str(shared_local.model_path) == str(path):
+            return shared_local
+        return LocalChat(model_path=path, dtype=local_dtype, seed=seed, batch_size=local_batch_size)
+    if not model:
+        raise BackendConfigError(f"the {backend} backend needs a model name: set api_grpo.model")
+    if backend == "anthropic":
+        return AnthropicChat(
+            model,
+            api_key_env=default_key_env(backend, api_key_env) or "ANTHROPIC_API_KEY",
+            base_url=base_url,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            concurrency=concurrency,
+            price=price,
+        )
+    if backend == "openai_compatible":
+        return OpenAICompatibleChat(
+            model,
+            base_url,
+            api_key_env=api_key_env,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            concurrency=concurrency,
+            price=price,
+            seed=seed,
+        )
+    raise BackendConfigError(
+        f"unknown api_grpo.backend {backend!r} (allowed: local, anthropic, openai_compatible)"
+    )

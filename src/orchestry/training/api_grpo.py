@@ -1,0 +1,678 @@
+"""The API-GRPO loop: episodes of beam search, value estimation, behaviour library, with/without evaluation.
+
+``run_api_grpo`` is what the ``train_api_grpo`` stage calls:
+
+1. **clients** (:func:`open_clients`, before any other work): backend from ``api_grpo.backend`` (a missing key,
+   ``base_url`` or price, or an unreachable server raises here), behind the sqlite response cache and the
+   cost tracker with the hard budget (training may spend ``1 - eval_budget_fraction`` of it; the rest is
+   kept for the evaluation);
+2. **training**: ``num_episodes`` episodes over the seeded-shuffled train problems, ``behavior_every`` (m)
+   at a time in lockstep (:func:`orchestry.algorithms.api_grpo.beam_search`); the value of a trajectory is
+   the task's executable reward R, mixed with the LLM judge when enabled:
+   ``V = (1 - w) R + w R_max J / 10`` (J: the judge's weighted 0-10 score); after each block the behaviour
+   library is re-extracted from all episodes so far (:mod:`orchestry.algorithms.behaviors`) and injected
+   into the next episodes' prompts;
+3. **evaluation**: on ``max_problems_eval`` test problems, ``eval_samples`` plain episodes (k = 1, beam
+   width 1: the policy's own answers) per problem WITH the final guidelines and WITHOUT any, scored by the
+   executable reward only; means with percentile-bootstrap 95 % CIs and the paired difference;
+4. **outputs** under ``out_dir``: ``episodes.jsonl``, ``rewards.csv``, ``learned_behaviors.json``,
+   ``summary.json`` -- rewritten after every block, so a budget stop or a crash keeps everything finished.
+
+A budget stop (:class:`orchestry.llm.cost.BudgetExceeded`) ends the phase cleanly: the unfinished block is
+dropped (its paid responses are in the cache, so a re-run with a larger budget replays them for free), the
+outputs are written and ``summary.json`` says ``budget_status: exhausted``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestry.algorithms.api_grpo import EpisodeSearch, Trajectory, beam_search
+from orchestry.algorithms.behaviors import Guideline, LibraryUpdate, extract_behaviors
+from orchestry.llm.backends import BackendConfigError, ChatRequest, make_backend
+from orchestry.llm.cache import CachedChat, ResponseCache
+from orchestry.llm.cost import BudgetExceeded, CostTracker, require_price
+from orchestry.metrics import bootstrap_ci
+from orchestry.problems import Problem
+from orchestry.rewards.judge import Judge, judge_prompt
+from orchestry.tasks.code_collaboration import CodeCollaboration
+from orchestry.tasks.code_review import CodeReview
+from orchestry.tasks.common import Task, Turn
+
+if TYPE_CHECKING:
+    from orchestry.config import ApiGrpoParams, SamplingParams
+    from orchestry.sandbox import Sandbox
+
+log = logging.getLogger("orchestry.training.api_grpo")
+
+EVAL_SAMPLE_STRIDE = (
+    1000  # visit/sample v of a problem uses sample indices v * 1000 + j (distinct cache entries)
+)
+CSV_FIELDS = [
+    "phase", "arm", "episode", "task_id", "trajectory", "selected", "in_final_beam", "value", "reward",
+    "judge", "advantage", "structure", "syntax", "tests", "cooperation", "passed", "total_asserts", "scheme",
+    "behaviors_version", "episode_usd", "episode_tokens", "cum_usd", "cum_tokens",
+]  # fmt: skip
+
+
+@dataclass
+class Clients:
+    """The cached, costed clients of one run and the sampling settings resolved from params."""
+
+    chat: CachedChat
+    judge_chat: CachedChat | None
+    tracker: CostTracker
+    cache: ResponseCache
+    max_tokens: int
+    temperature: float | None
+    top_p: float | None
+
+    def close(self) -> None:
+        self.cache.close()
+        for c in {
+            id(x): x for x in (self.chat.inner, self.judge_chat.inner if self.judge_chat else None) if x
+        }.values():
+            getattr(c, "close", lambda: None)()
+
+
+def resolve_path(path: str | Path) -> Path:
+    """``path`` relative to the repository root (``DVC_ROOT`` in DVC experiments), absolute kept."""
+    from orchestry.tracking import repo_root
+
+    p = Path(path)
+    return p if p.is_absolute() else repo_root() / p
+
+
+def open_clients(
+    cfg: ApiGrpoParams,
+    sampling: SamplingParams,
+    model_path: str = "models/base",
+    model_dtype: str = "float32",
+    cache_path: str | Path | None = None,
+) -> Clients:
+    """Build backend(s), cache and cost tracker; every misconfiguration raises here, before any work.
+
+    Order of checks: model name, API key (``BackendConfigError`` naming the variable), price
+    (``PriceError`` naming ``api_grpo.prices``), server reachability (``preflight``), then the cache file.
+
+    Raises:
+        BackendConfigError, PriceError: see above.
+    """
+    local = cfg.backend == "local"
+    if not local and not cfg.model:
+        raise BackendConfigError(f"the {cfg.backend} backend needs a model name: set api_grpo.model")
+    common = dict(
+        base_url=cfg.base_url,
+        api_key_env=cfg.api_key_env,
+        timeout_s=cfg.timeout_s,
+        max_retries=cfg.max_retries,
+        concurrency=cfg.concurrency,
+        seed=cfg.seed,
+        local_model_path=model_path,
+        local_dtype=model_dtype,
+        local_batch_size=cfg.local_batch_size,
+    )
+    policy = make_backend(cfg.backend, cfg.model, **common)
+    policy.price = require_price(policy.model, cfg.prices, local, cfg.budget_usd)
+    judge_backend = None
+    if cfg.judge.enabled:
+        if cfg.judge.model and cfg.judge.model != cfg.model:
+            judge_backend = make_backend(
+                cfg.backend, cfg.judge.model, shared_local=policy if local else None, **common
+            )
+            judge_backend.price = require_price(judge_backend.model, cfg.prices, local, cfg.budget_usd)
+        else:
+            judge_backend = policy
+    if cfg.preflight:
+        policy.preflight()
+        if judge_backend is not None and judge_backend is not policy:
+            judge_backend.preflight()
+    limit = None if cfg.budget_usd is None else cfg.budget_usd * (1 - cfg.eval_budget_fraction)
+    tracker = CostTracker(budget_usd=cfg.budget_usd, limit_usd=limit)
+    cache = ResponseCache(cache_path or resolve_path(cfg.cache_path))
+    chat = CachedChat(policy, cache, tracker)
+    judge_chat = None
+    if judge_backend is not None:
+        judge_chat = chat if judge_backend is policy else CachedChat(judge_backend, cache, tracker)
+    if local:
+        temperature = cfg.temperature if cfg.temperature is not None else sampling.temperature
+        top_p = cfg.top_p if cfg.top_p is not None else sampling.top_p
+    elif (
+        cfg.backend == "anthropic"
+    ):  # recent Claude models reject sampling parameters: send only explicit ones
+        temperature, top_p = cfg.temperature, cfg.top_p
+    else:
+        temperature = cfg.temperature if cfg.temperature is not None else sampling.temperature
+        top_p = cfg.top_p if cfg.top_p is not None else sampling.top_p
+    max_tokens = cfg.max_tokens or sampling.max_completion_length
+    return Clients(chat, judge_chat, tracker, cache, max_tokens, temperature, top_p)
+
+
+def make_task(cfg: ApiGrpoParams) -> Task:
+    """The task named in ``api_grpo.task``."""
+    if cfg.task == "code_review":
+        return CodeReview()
+    return CodeCollaboration(main_sees_helper=cfg.main_sees_helper)
+
+
+def _render(turns: Sequence[Turn]) -> str:
+    return "\n".join(f"[{t.role}]\n{t.text.strip()}" for t in turns)
+
+
+def _result_line(reward: Mapping) -> str:
+    reasons = "; ".join(reward.get("reasons", [])[:3])
+    return (
+        f"reward {reward.get('total', 0):.2f}, tests passed {reward.get('passed', 0)}/{reward.get('total_asserts', 0)}"
+        + (f" ({reasons})" if reasons else "")
+    )
+
+
+class ApiGrpoRun:
+    """One run of the loop (see the module docstring); :meth:`run` returns the summary dict.
+
+    Args:
+        cfg: the ``api_grpo`` params section; clients: from :func:`open_clients`.
+        train_problems / test_problems: problem records (``data/problems/{train,test}.jsonl``).
+        sandbox: an open :class:`orchestry.sandbox.Sandbox`.
+        out_dir: where the four outputs go.
+        on_metrics: ``(metrics, step)`` callback (the stage logs them to MLflow).
+    """
+
+    def __init__(
+        self,
+        cfg: ApiGrpoParams,
+        clients: Clients,
+        train_problems: Sequence[Problem],
+        test_problems: Sequence[Problem],
+        sandbox: Sandbox,
+        out_dir: str | Path,
+        on_metrics: Callable[[dict, int | None], None] | None = None,
+    ):
+        if not train_problems:
+            raise ValueError("api_grpo needs at least one train problem (data/problems/train.jsonl is empty)")
+        self.cfg, self.c, self.sandbox = cfg, clients, sandbox
+        self.task = make_task(cfg)
+        self.out = Path(out_dir)
+        self.on_metrics = on_metrics or (lambda m, s: None)
+        order = list(train_problems)
+        random.Random(cfg.seed).shuffle(order)
+        self.train_order = order
+        self.test_problems = list(test_problems)[: cfg.max_problems_eval]
+        self.judge = None
+        if clients.judge_chat is not None:
+            j = cfg.judge
+            self.judge = Judge(
+                clients.judge_chat,
+                {
+                    "quality": j.quality_weight,
+                    "collaboration": j.collaboration_weight,
+                    "efficiency": j.efficiency_weight,
+                },
+                max_tokens=j.max_tokens,
+                temperature=None if cfg.backend == "anthropic" else 0.0,
+            )
+        self.episodes: list[dict] = []  # completed episode records (train then eval)
+        self.train_pool: list[tuple[Problem, Trajectory, float]] = []  # (problem, trajectory, advantage)
+        self.updates: list[LibraryUpdate] = []
+        self.behaviors: dict[str, str] = {}
+        self.behaviors_version = 0
+        self.stop_reason = ""
+        self.eval_summary: dict = {"status": "not run"}
+        self.seconds: dict[str, float] = {}
+
+    # ---- one block of episodes in lockstep ------------------------------------------------------------------
+    def _search(
+        self,
+        phase: str,
+        episode_ids: Sequence[str],
+        problems: Sequence[Problem],
+        behaviors: Sequence[Mapping[str, str]],
+        sample_base: Sequence[int],
+        k: int,
+        beam_width: int,
+        use_judge: bool,
+    ) -> list[EpisodeSearch]:
+        c, task = self.c, self.task
+
+        def sample(requests: list[tuple[int, Trajectory, int]]) -> list[Turn]:
+            reqs, meta = [], []
+            for e, traj, s in requests:
+                role = task.roles[len(traj.turns)]
+                system, user = task.messages(problems[e], traj.turns, behaviors[e])
+                tags = (role, "agents", f"{phase}:{episode_ids[e]}")
+                reqs.append(
+                    ChatRequest(
+                        (("user", user),),
+                        system,
+                        sample_base[e] + s,
+                        c.max_tokens,
+                        c.temperature,
+                        c.top_p,
+                        tags,
+                    )
+                )
+                meta.append((role, system, user, sample_base[e] + s))
+            results = c.chat.complete_batch(reqs)
+            return [
+                Turn(
+                    role,
+                    system,
+                    user,
+                    r.text,
+                    s,
+                    r.prompt_tokens,
+                    r.completion_tokens,
+                    r.usd,
+                    r.cached,
+                    r.stop_reason,
+                )
+                for (role, system, user, s), r in zip(meta, results, strict=True)
+            ]
+
+        def value(items: list[tuple[int, Trajectory]], final: bool) -> list[tuple[float, dict]]:
+            probs = [problems[e] for e, _ in items]
+            rewards = task.score(probs, [t.turns for _, t in items], self.sandbox)
+            judged = [None] * len(items)
+            if use_judge and self.judge is not None and (final or self.cfg.judge.on_partial):
+                prompts = [
+                    judge_prompt(
+                        p.prompt, [(x.role, x.text, x.completion_tokens) for x in t.turns], _result_line(r)
+                    )
+                    for p, (_, t), r in zip(probs, items, rewards, strict=True)
+                ]
+                tags = [("judge", f"{phase}:{episode_ids[e]}") for e, _ in items]
+                judged = self.judge.score(prompts, tags)
+            out = []
+            w = self.cfg.judge.weight
+            for r, j in zip(rewards, judged, strict=True):
+                v = r["total"] if j is None else (1 - w) * r["total"] + w * task.max_reward * j.combined / 10
+                out.append((v, {"reward": r, "judge": j.to_dict() if j else None}))
+            return out
+
+        return beam_search(
+            len(problems),
+            len(task.roles),
+            k,
+            beam_width,
+            sample,
+            value,
+            key=lambda t: tuple(x.text for x in t.turns),
+        )
+
+    def _record(self, phase: str, arm: str, ep_id: str, problem: Problem, res: EpisodeSearch, version: int,
+                behaviors: Mapping[str, str]) -> dict:  # fmt: skip
+        usage = self.c.tracker.by_tag[f"{phase}:{ep_id}"]
+        trajs = []
+        for i, (t, a) in enumerate(zip(res.group, res.advantages, strict=True)):
+            trajs.append(
+                {
+                    "index": i,
+                    "value": t.value,
+                    "advantage": a,
+                    "selected": i == res.selected,
+                    "in_final_beam": i in res.beam,
+                    "reward": t.info.get("reward", {}),
+                    "judge": t.info.get("judge"),
+                    "turns": [x.to_dict() for x in t.turns],
+                }
+            )
+        return {
+            "phase": phase,
+            "arm": arm,
+            "episode": ep_id,
+            "task": self.task.name,
+            "task_id": problem.task_id,
+            "behaviors_version": version,
+            "behaviors": dict(behaviors),
+            "selected": res.selected,
+            "history": res.history,
+            "cost": {  # usd/tokens: what the episode's responses cost (cached ones at their first price)
+                "usd": usage.consumed_usd,
+                "tokens": usage.consumed_tokens,
+                "spent_usd": usage.usd,  # sent in this run
+                "new_tokens": usage.prompt_tokens + usage.completion_tokens,
+                "calls": usage.calls,
+                "cached_calls": usage.cached,
+            },
+            "trajectories": trajs,
+        }
+
+    # ---- training ---------------------------------------------------------------------------------------------
+    def train(self) -> None:
+        """Run the training episodes block by block, refreshing the library after each block."""
+        cfg, t0 = self.cfg, time.time()
+        m = cfg.behavior_every
+        done = 0
+        while done < cfg.num_episodes:
+            ids = list(range(done, min(done + m, cfg.num_episodes)))
+            problems = [self.train_order[e % len(self.train_order)] for e in ids]
+            # a problem visited again (more episodes than problems) gets fresh sample indices, not cache hits
+            base = [(e // len(self.train_order)) * EVAL_SAMPLE_STRIDE for e in ids]
+            behaviors = dict(self.behaviors)
+            try:
+                results = self._search(
+                    "train", [str(e) for e in ids], problems, [behaviors] * len(ids), base,
+                    cfg.k_samples, cfg.beam_width, use_judge=True,
+                )  # fmt: skip
+            except BudgetExceeded as e:
+                self.stop_reason = f"training stopped by the budget after {done} episodes: {e}"
+                log.warning(self.stop_reason)
+                break
+            for e, p, res in zip(ids, problems, results, strict=True):
+                rec = self._record("train", "train", str(e), p, res, self.behaviors_version, behaviors)
+                self.episodes.append(rec)
+                self.train_pool.extend((p, t, a) for t, a in zip(res.group, res.advantages, strict=True))
+                self._log_episode(rec, e)
+            done += len(ids)
+            try:
+                self._refresh_library(done)
+            except BudgetExceeded as e:
+                self.stop_reason = f"training stopped by the budget while extracting behaviours: {e}"
+                log.warning(self.stop_reason)
+                break
+            self.write_outputs()
+            log.info(
+                "episodes %d/%d: mean selected reward %.3f, spent %.4f USD, %d tokens, cache hit rate %.2f",
+                done, cfg.num_episodes, self._mean_selected("train"), self.c.tracker.total.usd,
+                self.c.tracker.total.prompt_tokens + self.c.tracker.total.completion_tokens,
+                self.c.tracker.total.to_dict()["cache_hit_rate"],
+            )  # fmt: skip
+        self.seconds["train"] = time.time() - t0
+
+    def _refresh_library(self, after_episode: int) -> None:
+        feats, advs = [], []
+        for p, t, a in self.train_pool:
+            feats.append(self.task.features(p, t.turns, t.info.get("reward", {})))
+            advs.append(a)
+        update = extract_behaviors(
+            feats,
+            advs,
+            self.task.feature_guides,
+            after_episode,
+            self.cfg.top_fraction,
+            self.cfg.max_behaviors,
+        )
+        if self.judge is not None and self.cfg.judge.extract_behaviors and update.top and update.bottom:
+            from orchestry.algorithms.behaviors import split_top_bottom
+
+            top, bottom = split_top_bottom(advs, self.cfg.top_fraction)
+            proposals = self.judge.guidelines(
+                self.task.roles,
+                [_render(self.train_pool[i][1].turns) for i in top[:3]],
+                [_render(self.train_pool[i][1].turns) for i in bottom[:3]],
+                self.cfg.max_behaviors,
+                tags=("judge", "library"),
+            )
+            for role, lines in proposals.items():
+                update.guidelines.extend(Guideline(role, line, "judge") for line in lines)
+        self.updates.append(update)
+        if update.guidelines:
+            self.behaviors = update.behaviors()
+            self.behaviors_version += 1
+            log.info("behaviour library v%d: %s", self.behaviors_version, json.dumps(self.behaviors))
+        else:
+            log.info("behaviour library unchanged after episode %d: %s", after_episode, update.note)
+
+    def _mean_selected(self, phase: str) -> float:
+        vals = [
+            r["trajectories"][r["selected"]]["reward"].get("total", 0.0)
+            for r in self.episodes
+            if r["phase"] == phase
+        ]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    def _log_episode(self, rec: dict, step: int) -> None:
+        sel = rec["trajectories"][rec["selected"]]
+        group = [t["value"] for t in rec["trajectories"]]
+        snap = self.c.tracker.snapshot()
+        self.on_metrics(
+            {
+                "train/selected_reward": sel["reward"].get("total", 0.0),
+                "train/selected_value": sel["value"],
+                "train/group_mean_value": sum(group) / len(group),
+                "train/group_max_value": max(group),
+                "train/behaviors_version": rec["behaviors_version"],
+                "cost/episode_usd": rec["cost"]["usd"],
+                "cost/episode_tokens": rec["cost"]["tokens"],
+                "cost/usd": snap["usd"],
+                "cost/tokens": snap["tokens"],
+                "cost/calls": snap["calls"],
+                "cost/cached_calls": snap["cached_calls"],
+                "cost/budget_fraction": snap["budget_fraction"],
+                "cache/hit_rate": snap["cache_hit_rate"],
+            },
+            step,
+        )
+
+    # ---- evaluation -------------------------------------------------------------------------------------------
+    def evaluate(self) -> None:
+        """Plain episodes on the test problems WITH the final guidelines and WITHOUT (see module docstring)."""
+        t0 = time.time()
+        if self.c.tracker.budget_usd is not None:
+            self.c.tracker.limit_usd = self.c.tracker.budget_usd
+        problems, base, ids, arms, behaviors = [], [], [], [], []
+        for arm, beh in (("with", self.behaviors), ("without", {})):
+            for p in self.test_problems:
+                for s in range(self.cfg.eval_samples):
+                    problems.append(p)
+                    base.append(s * EVAL_SAMPLE_STRIDE)
+                    ids.append(f"{arm}:{p.task_id}:{s}")
+                    arms.append(arm)
+                    behaviors.append(beh)
+        if not problems:
+            self.eval_summary = {"status": "skipped: no test problems"}
+            return
+        try:
+            results = self._search("eval", ids, problems, behaviors, base, 1, 1, use_judge=False)
+        except BudgetExceeded as e:
+            self.eval_summary = {"status": f"skipped: budget exhausted ({e})"}
+            log.warning("evaluation skipped: %s", e)
+            return
+        rewards: dict[str, list[float]] = {"with": [], "without": []}
+        for ep, p, arm, beh, res in zip(ids, problems, arms, behaviors, results, strict=True):
+            rec = self._record("eval", arm, ep, p, res, self.behaviors_version if arm == "with" else 0, beh)
+            self.episodes.append(rec)
+            rewards[arm].append(rec["trajectories"][res.selected]["reward"].get("total", 0.0))
+        self.eval_summary = compare_arms(rewards["with"], rewards["without"], seed=self.cfg.seed)
+        self.eval_summary.update(
+            status="done",
+            problems=len(self.test_problems),
+            samples_per_problem=self.cfg.eval_samples,
+            behaviors_learned=bool(self.behaviors),
+            max_reward=self.task.max_reward,
+        )
+        self.seconds["eval"] = time.time() - t0
+
+    # ---- outputs ----------------------------------------------------------------------------------------------
+    def rows(self) -> list[dict]:
+        """One ``rewards.csv`` row per trajectory of every episode, with cumulative cost in episode order."""
+        out, cum_usd, cum_tok = [], 0.0, 0
+        for rec in self.episodes:
+            cum_usd += rec["cost"]["usd"]
+            cum_tok += rec["cost"]["tokens"]
+            for t in rec["trajectories"]:
+                r = t["reward"]
+                out.append(
+                    {
+                        "phase": rec["phase"], "arm": rec["arm"], "episode": rec["episode"], "task_id": rec["task_id"],
+                        "trajectory": t["index"], "selected": int(t["selected"]), "in_final_beam": int(t["in_final_beam"]),
+                        "value": round(t["value"], 6), "reward": r.get("total", 0.0),
+                        "judge": "" if not t["judge"] else round(t["judge"]["combined"], 3),
+                        "advantage": round(t["advantage"], 6), "structure": r.get("structure", 0.0),
+                        "syntax": r.get("syntax", 0.0), "tests": r.get("tests", 0.0),
+                        "cooperation": r.get("cooperation", 0.0), "passed": r.get("passed", 0),
+                        "total_asserts": r.get("total_asserts", 0), "scheme": r.get("scheme", ""),
+                        "behaviors_version": rec["behaviors_version"], "episode_usd": rec["cost"]["usd"],
+                        "episode_tokens": rec["cost"]["tokens"], "cum_usd": cum_usd, "cum_tokens": cum_tok,
+                    }
+                )  # fmt: skip
+        return out
+
+    def summary(self) -> dict:
+        """``summary.json``: eval comparison, training rewards, cost, cache, budget.
+
+        Cost fields: ``usd_total``/``tokens_total``/``calls`` were spent in this run; ``consumed_*`` include
+        the responses the cache served (at their original cost); ``usd_per_episode``/``tokens_per_episode``/
+        ``calls_per_episode`` are consumed per training episode -- the price of an episode without a cache.
+        """
+        tr = self.c.tracker
+        train_eps = [r for r in self.episodes if r["phase"] == "train"]
+        n = len(train_eps)
+        t_usd = sum(r["cost"]["usd"] for r in train_eps)
+        t_tok = sum(r["cost"]["tokens"] for r in train_eps)
+        groups = [t["value"] for r in train_eps for t in r["trajectories"]]
+        total = tr.total.to_dict()
+        by_tag = {tag: u.to_dict() for tag, u in sorted(tr.by_tag.items()) if ":" not in tag}
+        return {
+            "task": self.task.name,
+            "backend": self.c.chat.backend,
+            "model": self.c.chat.model,
+            "max_reward": self.task.max_reward,
+            "episodes_planned": self.cfg.num_episodes,
+            "episodes_completed": n,
+            "stopped_early": bool(self.stop_reason),
+            "stop_reason": self.stop_reason,
+            "train": {
+                "mean_selected_reward": self._mean_selected("train"),
+                "mean_group_value": sum(groups) / len(groups) if groups else float("nan"),
+                "trajectories": len(groups),
+            },
+            "eval": self.eval_summary,
+            "behaviors": {"version": self.behaviors_version, "final": self.behaviors},
+            "cost": {
+                **total,
+                "usd_total": total["usd"],  # spent in this run (cache hits are free)
+                "tokens_total": total["tokens"],
+                "usd_per_episode": t_usd / n if n else 0.0,
+                "tokens_per_episode": t_tok / n if n else 0.0,
+                "calls_per_episode": sum(r["cost"]["calls"] + r["cost"]["cached_calls"] for r in train_eps)
+                / n
+                if n
+                else 0.0,
+                "by_tag": by_tag,
+                "free_backend": self.c.chat.inner.price.input_usd_per_mtok == 0
+                and self.c.chat.inner.price.output_usd_per_mtok == 0,
+            },
+            "cache": {
+                "hit_rate": total["cache_hit_rate"],
+                "entries": len(self.c.cache),
+                "path": self.c.cache.path,
+            },
+            "budget": {
+                "budget_usd": tr.budget_usd,
+                "spent_usd": tr.total.usd,
+                "fraction": tr.budget_fraction(),
+                "status": tr.status,
+                "eval_budget_fraction": self.cfg.eval_budget_fraction,
+            },
+            "judge": {
+                "enabled": self.judge is not None,
+                "calls": self.judge.calls if self.judge else 0,
+                "neutral_fallbacks": self.judge.failures if self.judge else 0,
+            },
+            "seconds": self.seconds,
+        }
+
+    def write_outputs(self) -> dict:
+        """Write the four outputs (atomically per file) and return the summary."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        summary = self.summary()
+
+        def atomic(name: str, write: Callable) -> None:
+            tmp = self.out / (name + ".tmp")
+            with open(tmp, "w", newline="", encoding="utf-8") as f:
+                write(f)
+            tmp.replace(self.out / name)
+
+        atomic("episodes.jsonl", lambda f: f.writelines(json.dumps(r) + "\n" for r in self.episodes))
+
+        def write_csv(f) -> None:
+            w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+            w.writeheader()
+            w.writerows(self.rows())
+
+        atomic("rewards.csv", write_csv)
+        library = {
+            "task": self.task.name,
+            "version": self.behaviors_version,
+            "behaviors": self.behaviors,
+            "top_fraction": self.cfg.top_fraction,
+            "behavior_every": self.cfg.behavior_every,
+            "updates": [u.to_dict() for u in self.updates],
+        }
+        atomic("learned_behaviors.json", lambda f: f.write(json.dumps(library, indent=2) + "\n"))
+        atomic("summary.json", lambda f: f.write(json.dumps(summary, indent=2, default=str) + "\n"))
+        return summary
+
+    def run(self) -> dict:
+        """Train, evaluate, write the outputs; returns the summary. Budget stops end cleanly (see module)."""
+        self.train()
+        self.evaluate()
+        return self.write_outputs()
+
+
+def compare_arms(
+    with_: Sequence[float], without: Sequence[float], confidence: float = 0.95, seed: int = 0
+) -> dict:
+    """Means of both arms with percentile-bootstrap CIs, and the paired difference (with - without).
+
+    ``with_[i]`` and ``without[i]`` are the same problem and sample number. Returns ``{"with": {mean,
+    ci_low, ci_high, n}, "without": {...}, "difference": {...}}`` (NaN CIs for empty arms).
+    """
+
+    def stats(vals: Sequence[float], s: int) -> dict:
+        lo, hi = bootstrap_ci(list(vals), confidence, seed=s)
+        return {
+            "mean": sum(vals) / len(vals) if vals else float("nan"),
+            "ci_low": lo,
+            "ci_high": hi,
+            "n": len(vals),
+        }
+
+    diffs = [a - b for a, b in zip(with_, without, strict=False)]
+    return {"with": stats(with_, seed), "without": stats(without, seed + 1), "difference": stats(diffs, seed + 2),
+            "confidence": confidence}  # fmt: skip
+
+
+def run_api_grpo(
+    cfg: ApiGrpoParams,
+    sampling: SamplingParams,
+    train_problems: Sequence[Problem],
+    test_problems: Sequence[Problem],
+    sandbox_factory: Callable[[], Sandbox],
+    out_dir: str | Path = "reports/api_grpo",
+    model_path: str = "models/base",
+    model_dtype: str = "float32",
+    on_metrics: Callable[[dict, int | None], None] | None = None,
+    cache_path: str | Path | None = None,
+    clients: Clients | None = None,
+) -> dict:
+    """Open the clients (all checks first), then the sandbox, and run (see the module docstring).
+
+    Args:
+        sandbox_factory: returns a :class:`orchestry.sandbox.Sandbox` context manager (opened only after
+            the clients passed their checks).
+        clients: already opened clients (from :func:`open_clients`); closed at the end either way.
+
+    Returns:
+        The summary dict (also written to ``out_dir/summary.json``).
+
+    Raises:
+        BackendConfigError, PriceError: before any work (see :func:`open_clients`).
+    """
+    clients = clients or open_clients(cfg, sampling, model_path, model_dtype, cache_path)
+    try:
+        with sandbox_factory() as sandbox:
+            run = ApiGrpoRun(cfg, clients, train_problems, test_problems, sandbox, out_dir, on_metrics)
+            summary = run.run()
+    finally:
+        clients.close()
+    return summary
