@@ -6,6 +6,7 @@ from pathlib import Path
 import mlflow
 
 from orchestry.plots import plot_learning_curves, plot_methods, plot_schemes
+from orchestry.plots_api_grpo import plot_api_grpo
 from orchestry.runtime import start_stage
 from orchestry.tracking import stage_run
 
@@ -22,13 +23,7 @@ def main() -> None:
             json.loads(Path("reports/metrics.json").read_text()), OUT / "methods.png", cfg.dpi, cfg.confidence
         )
         plot_schemes(json.loads(Path("reports/schemes.json").read_text()), OUT / "schemes.png", cfg.dpi)
-        if Path("reports/api_grpo/summary.json").exists():
-            try:
-                from orchestry.plots_api_grpo import plot_api_grpo
-            except ImportError:
-                plot_api_grpo = None
-            if plot_api_grpo:
-                plot_api_grpo(Path("reports/api_grpo"), OUT / "api_grpo.png")
+        plot_api_grpo(Path("reports/api_grpo"), OUT / "api_grpo.png", cfg.dpi)
         mlflow.log_artifacts(str(OUT), "figures")
         print("figures:", ", ".join(sorted(p.name for p in OUT.glob("*.png"))))
 

@@ -80,6 +80,9 @@ def test_dvc_repro_micro_pipeline(tmp_path):
         "reports/figures/learning_curves.png",
         "reports/figures/methods.png",
         "reports/figures/schemes.png",
+        "reports/figures/api_grpo.png",
+        "reports/api_grpo/episodes.jsonl",
+        "reports/api_grpo/learned_behaviors.json",
     ]:
         assert (repo / out).exists(), f"missing output {out}"
     prep = json.loads((repo / "reports/prepare.json").read_text())
@@ -88,6 +91,7 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     assert {"base", "magrpo", "baseline_single", "baseline_concat"} <= set(metrics["methods"])
     assert metrics["methods"]["magrpo"]["n_samples"] == 4  # 2 problems x 2 samples
     assert 0.0 <= metrics["methods"]["magrpo"]["reward"] <= 4.0
+    assert {"with", "without"} <= set(metrics["api_grpo"]["eval"])
     schemes = json.loads((repo / "reports/schemes.json").read_text())
     assert abs(sum(schemes["distribution"]["magrpo"].values()) - 1.0) < 1e-6
 
@@ -98,7 +102,7 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     runs = client.search_runs([exp.experiment_id])
     stages = {r.data.tags.get("stage"): r for r in runs}
     expected = {"prepare", "baselines@single", "baselines@concat", "baselines@sequential", "baselines@discussion",
-                "train_magrpo", "evaluate", "detect_schemes", "plot"}  # fmt: skip
+                "train_magrpo", "train_api_grpo", "evaluate", "detect_schemes", "plot"}  # fmt: skip
     assert expected <= set(stages), f"MLflow runs: {sorted(stages)}"
     for r in stages.values():
         assert r.info.status == "FINISHED"
