@@ -148,21 +148,32 @@ def run_method(
             "main",
             100_000,
         )
-    else:  # discussion
-        h1 = sample([render(HELPER_SYSTEM, p.helper_prompt()) for p, _ in jobs], "helper", 0)
-        m1 = sample([render(MAIN_SYSTEM, p.main_prompt()) for p, _ in jobs], "main", 100_000)
+    else:  # discussion: both drafts in one batch, then both revisions in one batch
+        both = ["helper"] * n + ["main"] * n if adapters else None
+        drafts = sample_texts(
+            model,
+            tokenizer,
+            [render(HELPER_SYSTEM, p.helper_prompt()) for p, _ in jobs]
+            + [render(MAIN_SYSTEM, p.main_prompt()) for p, _ in jobs],
+            both,
+            sampling,
+            seed,
+            batch_size,
+        )
+        h1, m1 = drafts[:n], drafts[n:]
         hc = [extract_code(g.text)[0] for g in h1]
         mc = [extract_code(g.text)[0] for g in m1]
-        h2 = sample(
-            [render(HELPER_SYSTEM, _revise_helper_prompt(p, hc[i], mc[i])) for i, (p, _) in enumerate(jobs)],
-            "helper",
-            200_000,
+        revisions = sample_texts(
+            model,
+            tokenizer,
+            [render(HELPER_SYSTEM, _revise_helper_prompt(p, hc[i], mc[i])) for i, (p, _) in enumerate(jobs)]
+            + [render(MAIN_SYSTEM, _revise_main_prompt(p, mc[i], hc[i])) for i, (p, _) in enumerate(jobs)],
+            both,
+            sampling,
+            seed + 200_000,
+            batch_size,
         )
-        m2 = sample(
-            [render(MAIN_SYSTEM, _revise_main_prompt(p, mc[i], hc[i])) for i, (p, _) in enumerate(jobs)],
-            "main",
-            300_000,
-        )
+        h2, m2 = revisions[:n], revisions[n:]
         helpers = [
             _Gen(
                 b.text,

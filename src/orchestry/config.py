@@ -57,7 +57,7 @@ class BaselinesParams(_Section):
     )
     num_samples: int = Field(1, ge=1, description="samples per problem (k of pass@k)")
     max_problems: int | None = Field(None, ge=1, description="cap on test problems (None: whole split)")
-    batch_size: int = Field(32, ge=1, description="rows per generate call")
+    batch_size: int = Field(64, ge=1, description="rows per generate call")
     seed: int = 0
 
 
@@ -83,7 +83,7 @@ class TrainMagrpoParams(_Section):
 class EvaluateParams(_Section):
     num_samples: int = Field(2, ge=1, description="k: samples per problem for pass@k / accuracy@k")
     max_problems: int | None = Field(None, ge=1)
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(64, ge=1, description="rows per generate call")
     seed: int = 1
 
 

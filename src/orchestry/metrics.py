@@ -78,7 +78,9 @@ def summarize(records: Sequence[dict], ks: Sequence[int] = (1,), confidence: flo
     for lv in LEVELS:
         out[lv] = sum(r[lv] for r in records) / n
     out["cooperation_rate"] = sum(r["cooperation"] > 0 for r in records) / n
-    out["structure_rate"] = sum(r["structure"] >= 0.999 for r in records) / n
+    # full structure credit: 1.0 for helper+main; 0.6 (entry point only) for single-agent records
+    full = 0.6 if all(r.get("method") == "single" for r in records) else 1.0
+    out["structure_rate"] = sum(r["structure"] >= full - 1e-9 for r in records) / n
     out["syntax_rate"] = sum(r["syntax"] > 0 for r in records) / n
     out["pass_rate"] = sum(map(is_pass, records)) / n
     pass_per_problem = [sum(map(is_pass, v)) / len(v) for v in by_task.values()]
