@@ -31,6 +31,7 @@ import socket
 import struct
 import sys
 import time
+from collections import deque
 
 _LEN = struct.Struct(">I")
 _BUILTIN_NAMES = frozenset(dir(builtins))
@@ -88,10 +89,6 @@ _EXIT_SETUP, _EXIT_CHANNEL = 70, 72  # exit codes of a program process that coul
 # ----------------------------------------------------------------------------------------- framing
 class ChannelClosed(Exception):
     """The other end of a pipe closed (EOF) or broke."""
-
-
-class ChannelTimeout(Exception):
-    """No complete message arrived before the deadline."""
 
 
 class ChannelProtocolError(Exception):
@@ -393,11 +390,9 @@ def program_main(req: dict, za_r: int, az_w: int, ctrl_fd: int) -> None:
         os.chdir(tmpdir)
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir  # the rest was set once in C (_clean_process_env)
         mem = int(req["memory_mb"]) * 1024 * 1024
-        cpu = max(1, int(req["cpu_s"]))
         fsize = int(req["fsize"])
         for lim, val in (
             (resource.RLIMIT_AS, mem),
-            (resource.RLIMIT_CPU, (cpu, cpu + 1)),
             (resource.RLIMIT_FSIZE, fsize),
             (resource.RLIMIT_NOFILE, int(req["nofile"])),
             (resource.RLIMIT_CORE, 0),
@@ -419,20 +414,23 @@ def program_main(req: dict, za_r: int, az_w: int, ctrl_fd: int) -> None:
         if "tempfile" in sys.modules:
             sys.modules["tempfile"].tempdir = tmpdir
         sys.addaudithook(_make_audit_hook(tmpdir))
-        program = read_msg_blocking(za_r)["program"]
+        # ready: wait (pre-forked, idle) for the job; then CPU seconds for the whole job (soft: SIGXCPU)
+        first = read_msg_blocking(za_r)
+        cpu = max(1, int(first["cpu_s"]))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     except BaseException:  # noqa: BLE001 - set-up failure: nothing model-written has run yet
         os._exit(_EXIT_SETUP)
-    _serve(program, za_r, az_w)
+    _serve(first, za_r, az_w)
 
 
-def _serve(program: str, za_r: int, az_w: int) -> None:
+def _serve(first: dict, za_r: int, az_w: int) -> None:
     """Load the program, report, then answer calls until EOF. Runs model code: nothing here is trusted."""
     _exit = os._exit
     pristine = dict(builtins.__dict__)
     restore = builtins.__dict__.update  # the harness below needs working builtins after model code ran
     ns: dict = {}
     try:
-        code = compile(program, "<program>", "exec")
+        code = compile(first["program"], "<program>", "exec")
         exec(code, ns)  # noqa: S102 - this is the sandboxed program
     except BaseException as e:  # noqa: BLE001
         restore(pristine)
@@ -462,16 +460,20 @@ def _serve(program: str, za_r: int, az_w: int) -> None:
         write_msg_blocking(az_w, {"loaded": {"f": funcs, "m": mods, "v": vals}})
     except BaseException:  # noqa: BLE001
         _exit(_EXIT_CHANNEL)
+    pending = deque(first.get("calls") or ())
     while True:
-        try:
-            msg = read_msg_blocking(za_r)
-        except BaseException:  # noqa: BLE001 - EOF: the scorer is done with us
-            _exit(0)
+        if not pending:
+            try:
+                msg = read_msg_blocking(za_r)
+            except BaseException:  # noqa: BLE001 - EOF: the scorer is done with us
+                _exit(0)
+            pending.extend(msg["calls"] if "calls" in msg else [[msg["call"], msg["args"], msg["kwargs"]]])
+        name, enc_args, enc_kwargs = pending.popleft()
         restore(pristine)
         try:
-            fn = ns[msg["call"]]
-            args = [decode(a) for a in msg["args"]]
-            kwargs = {k: decode(v) for k, v in msg["kwargs"]}
+            fn = ns[name]
+            args = [decode(a) for a in enc_args]
+            kwargs = {k: decode(v) for k, v in enc_kwargs}
             result = fn(*args, **kwargs)
             restore(pristine)
             out = encode(result, liberal=True)
@@ -479,7 +481,7 @@ def _serve(program: str, za_r: int, az_w: int) -> None:
             for i, a in enumerate(args):
                 if type(a) in (list, dict, set, bytearray):
                     after = encode(a, liberal=True)
-                    if after != msg["args"][i]:
+                    if after != enc_args[i]:
                         post.append([i, after])
             reply = {"ok": out, "post": post}
         except Unplain as e:
@@ -498,18 +500,21 @@ def _serve(program: str, za_r: int, az_w: int) -> None:
 
 # ============================================================================ C: clean fork server
 class _CleanServer:
-    """C: forks program processes on request, kills and reaps them, removes their directories.
+    """C: keeps one program process forked ahead (idle, fully set up, waiting for its program), hands it to
+    the scorer, kills and reaps program processes, removes their directories.
 
-    Requests (one SOCK_SEQPACKET message each, JSON):
-      {"op": "spawn", ...}  with two fds attached -> reply 8-byte pid (-1 on failure)
-      {"op": "finish", "pid": P, "status": bool} -> SIGKILL P's process group; if status, wait and reply the
-          8-byte wait status (-1 if unknown), else no reply (reaped later, off the critical path).
+    Messages on the SOCK_SEQPACKET control socket, JSON:
+      C -> Z  {"idle": pid, "tmpdir": dir} with 2 fds (write to A, read from A): a ready program process.
+              Sent at start and after each "finish" (so at most one is outstanding).
+      Z -> C  {"finish": pid, "status": bool}: SIGKILL pid's process group; if status, wait and reply
+              {"status": wait status or -1} before the next idle announcement; otherwise reap it later.
     C is a child subreaper: processes a program managed to start come back to C when the program dies; any
-    such process is killed with kill(-1) issued as the job's own uid (every job has a fresh uid).
+    such process is killed with kill(-1) issued as the job's own uid (every program process has a fresh uid).
     """
 
-    def __init__(self, ctrl: socket.socket) -> None:
+    def __init__(self, ctrl: socket.socket, cfg: dict) -> None:
         self.ctrl = ctrl
+        self.cfg = cfg
         self.jobs: dict[int, tuple[int | None, str]] = {}  # live or killed program pid -> (uid, tmpdir)
         self.killed: set[int] = set()
         self.status: dict[int, int] = {}
@@ -518,6 +523,7 @@ class _CleanServer:
 
     def serve(self) -> None:
         ctrl = self.ctrl
+        self.fork_idle()
         while True:
             self.reap()
             if self.killed:  # reap killed program processes promptly even when no request comes
@@ -525,40 +531,48 @@ class _CleanServer:
                 if not r:
                     continue
             try:
-                msg, fds, _flags, _addr = socket.recv_fds(ctrl, 1 << 16, 2)
+                msg = ctrl.recv(1 << 16)
             except OSError:
-                msg, fds = b"", []
+                msg = b""
             if not msg:  # the scorer is gone: kill every program process left, then exit
                 for pid in list(self.jobs):
+                    uid, tmpdir = self.jobs[pid]
                     self.finish(pid, False)
-                    _kill_uid(self.jobs[pid][0], [pid])
-                    _rmtree(self.jobs[pid][1])
+                    _kill_uid(uid, [pid])
+                    _rmtree(tmpdir)
                 return
             try:
                 req = json.loads(msg)
-                if req["op"] == "spawn":
-                    pid = self.spawn(req, fds)
-                    ctrl.send(struct.pack(">q", pid))
-                elif req["op"] == "finish":
-                    st = self.finish(int(req["pid"]), bool(req.get("status")))
-                    if req.get("status"):
-                        ctrl.send(struct.pack(">q", st))
-            except Exception:  # noqa: BLE001 - keep serving; the scorer treats -1 as failure
-                try:
-                    ctrl.send(struct.pack(">q", -1))
-                except OSError:
-                    return
-            finally:
-                for fd in fds:
-                    os.close(fd)
+                st = self.finish(int(req["finish"]), bool(req.get("status")))
+                if req.get("status"):
+                    ctrl.send(json.dumps({"status": st}).encode())
+                self.fork_idle()
+            except OSError:
+                return
+            except Exception:  # noqa: BLE001 - keep serving
+                pass
 
-    def spawn(self, req: dict, fds: list[int]) -> int:
+    def fork_idle(self) -> None:
+        """Fork a program process now (off the scorer's critical path) and announce it."""
+        cfg = self.cfg
+        tmpdir = _mkdtemp(cfg["tmp_root"])
+        uid = _new_uid() if cfg.get("root") else None
+        if uid is not None:
+            os.chown(tmpdir, uid, uid)
+        za_r, za_w = os.pipe()
+        az_r, az_w = os.pipe()
+        req = {**cfg, "tmpdir": tmpdir, "uid": uid, "gid": uid}
         pid = os.fork()
         if pid == 0:
-            program_main(req, fds[0], fds[1], self.ctrl.fileno())  # never returns
-        uid = req.get("uid")
-        self.jobs[pid] = (None if uid is None else int(uid), str(req["tmpdir"]))
-        return pid
+            program_main(req, za_r, az_w, self.ctrl.fileno())  # never returns
+        self.jobs[pid] = (uid, tmpdir)
+        os.close(za_r)
+        os.close(az_w)
+        try:
+            socket.send_fds(self.ctrl, [json.dumps({"idle": pid, "tmpdir": tmpdir}).encode()], [za_w, az_r])
+        finally:
+            os.close(za_w)
+            os.close(az_r)
 
     def finish(self, pid: int, wait: bool) -> int:
         if pid not in self.jobs:
@@ -628,7 +642,7 @@ def _kill_uid(uid: int | None, pids: list[int]) -> None:
     os.waitpid(k, 0)
 
 
-def clean_server(ctrl: socket.socket, preload: list[str]) -> None:
+def clean_server(ctrl: socket.socket, preload: list[str], cfg: dict) -> None:
     """Entry of C: pre-import common modules, set up, serve forever."""
     # state every program process inherits (set once here rather than per fork)
     os.environ.clear()
@@ -658,12 +672,16 @@ def clean_server(ctrl: socket.socket, preload: list[str]) -> None:
 
     gc.collect()
     gc.freeze()  # keep the pre-imported heap shared copy-on-write with every A
-    _CleanServer(ctrl).serve()
+    _CleanServer(ctrl, cfg).serve()
 
 
 # ======================================================================================= Z: scorer
 class _UnitTimeout(Exception):
     pass
+
+
+class _Desync(Exception):
+    """The test made a call other than the one planned and sent ahead."""
 
 
 class _ProgramGone(Exception):
@@ -728,7 +746,6 @@ class Scorer:
     def __init__(self, cfg: dict, ctrl: socket.socket) -> None:
         self.cfg = cfg
         self.ctrl = ctrl
-        self.root = bool(cfg.get("root"))
         self.self_stat = (
             os.open("/proc/self/schedstat", os.O_RDONLY) if os.path.exists("/proc/self/schedstat") else -1
         )
@@ -737,6 +754,8 @@ class Scorer:
         self.wall_factor = float(cfg.get("wall_factor", 10.0))
         self.max_msg = int(cfg.get("max_message_bytes", 32 << 20))
         self.compiled: dict[str, object] = {}
+        self.inflight: deque = deque()  # planned calls sent ahead to A, replies pending, in order
+        self.rbuf = bytearray()
         self.in_unit = False
         signal.signal(signal.SIGALRM, self._on_alarm)
 
@@ -774,31 +793,29 @@ class Scorer:
         return max(0.0, wall - max(0.0, self._waits() - w0))
 
     # ------------------------------------------------------------------ program process management
-    def _spawn(self, program: str, req_extra: dict) -> None:
-        tmpdir = _mkdtemp(self.cfg["tmp_root"])
-        uid = _new_uid() if self.root else None
-        if uid is not None:
-            os.chown(tmpdir, uid, uid)
-        za_r, za_w = os.pipe()
-        az_r, az_w = os.pipe()
-        req = {"op": "spawn", "tmpdir": tmpdir, "uid": uid, "gid": uid, **req_extra}
+    def _ctrl_recv(self) -> tuple[dict, list[int]]:
+        """Next message from C (blocking: C answers at once)."""
         try:
-            socket.send_fds(self.ctrl, [json.dumps(req).encode()], [za_r, az_w])
-            pid = struct.unpack(">q", self.ctrl.recv(8))[0]
-        except (OSError, struct.error) as e:
+            msg, fds, _flags, _addr = socket.recv_fds(self.ctrl, 1 << 16, 2)
+        except OSError as e:
             raise SystemExit(f"clean fork server is gone: {e}") from e
-        finally:
-            os.close(za_r)
-            os.close(az_w)
-        if pid <= 0:
-            os.close(za_w)
-            os.close(az_r)
-            _rmtree(tmpdir)
-            raise SystemExit("clean fork server could not fork")
+        if not msg:
+            raise SystemExit("clean fork server is gone")
+        return json.loads(msg), fds
+
+    def _spawn(self, first: dict, calls: list) -> None:
+        """Take the program process C forked ahead and send it the job (program, CPU limit, planned calls)."""
+        info, fds = self._ctrl_recv()
+        if "idle" not in info or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise SystemExit(f"clean fork server sent {info!r}")
+        za_w, az_r = fds
         os.set_blocking(za_w, False)
         os.set_blocking(az_r, False)
-        self.prog = _Program(pid, za_w, az_r, tmpdir)
-        self._send({"program": program})
+        self.prog = _Program(int(info["idle"]), za_w, az_r, str(info["tmpdir"]))
+        self._send({**first, "calls": [c[:3] for c in calls]})
+        self.inflight.extend(calls)
 
     def kill_program(self, want_status: bool = False) -> int | None:
         """Have C kill the program process (and anything of its uid) and remove its directory.
@@ -807,19 +824,24 @@ class Scorer:
         if p is None:
             return None
         self.prog = None
+        self.inflight.clear()
+        self.rbuf.clear()
         self.in_unit = False  # no timer exception in the middle of the clean-up
         for fd in (p.w, p.r, p.stat_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         try:
-            self.ctrl.send(json.dumps({"op": "finish", "pid": p.pid, "status": want_status}).encode())
-            if not want_status:
-                return None
-            st = struct.unpack(">q", self.ctrl.recv(8))[0]
-        except (OSError, struct.error) as e:
+            self.ctrl.send(json.dumps({"finish": p.pid, "status": want_status}).encode())
+        except OSError as e:
             raise SystemExit(f"clean fork server is gone: {e}") from e
-        return None if st < 0 else st
+        if not want_status:
+            return None
+        info, fds = self._ctrl_recv()
+        for fd in fds:
+            os.close(fd)
+        st = info.get("status", -1) if isinstance(info, dict) else -1
+        return None if not isinstance(st, int) or st < 0 else st
 
     # ------------------------------------------------------------------ channel to A
     def _send(self, obj) -> None:
@@ -842,25 +864,26 @@ class Scorer:
             view = view[n:]
 
     def _read_exact(self, n: int) -> bytes:
+        """n bytes from A (buffered: several pipelined replies are usually read with one system call)."""
         p = self.prog
-        buf = bytearray()
+        buf = self.rbuf
         while len(buf) < n:
-            rem = self._remaining()
-            if rem <= 0:
-                raise _UnitTimeout()
-            r, _, _ = select.select([p.r], [], [], rem)
-            if not r:
-                continue
             try:
-                b = os.read(p.r, min(n - len(buf), 1 << 20))
+                b = os.read(p.r, max(n - len(buf), 1 << 16))
             except BlockingIOError:
+                rem = self._remaining()
+                if rem <= 0:
+                    raise _UnitTimeout() from None
+                select.select([p.r], [], [], rem)
                 continue
             except OSError as e:
                 raise _ProgramGone(self._gone_reason()) from e
             if not b:
                 raise _ProgramGone(self._gone_reason())
             buf += b
-        return bytes(buf)
+        out = bytes(buf[:n])
+        del buf[:n]
+        return out
 
     def _recv(self):
         (n,) = _LEN.unpack(self._read_exact(4))
@@ -901,7 +924,12 @@ class Scorer:
             enc_kwargs = [[k, encode(v)] for k, v in kwargs.items()]
         except Unplain as e:
             raise TypeError(f"test passed a {e} that cannot be sent into the sandbox") from None
-        self._send({"call": name, "args": enc_args, "kwargs": enc_kwargs})
+        if self.inflight:  # this call was planned and sent ahead (see _plan): its reply is next in the pipe
+            planned = self.inflight.popleft()
+            if planned[:3] != [name, enc_args, enc_kwargs]:
+                raise _Desync()
+        else:
+            self._send({"call": name, "args": enc_args, "kwargs": enc_kwargs})
         reply = self._recv()
         try:
             if type(reply) is not dict:
@@ -937,20 +965,15 @@ class Scorer:
             self.compiled[src] = code
         return code
 
-    def _load(self, job: dict) -> tuple[dict | None, str]:
-        """Start A with the job's program. Returns (base namespace for tests, "") or (None, reason)."""
+    def _load(self, job: dict, calls: list) -> tuple[dict | None, str]:
+        """Start A with the job's program (and the calls planned for the next units). Returns (base namespace
+        for tests, "") or (None, reason)."""
         timeout = float(job["timeout"])
         n_units = max(1, len(job["asserts"]))
-        extra = {
-            "memory_mb": job["memory_mb"],
-            "cpu_s": int(2 * timeout * (n_units + 1)) + 2,
-            "fsize": self.cfg["fsize"],
-            "nofile": self.cfg["nofile"],
-            "nproc": self.cfg["nproc"],
-        }
+        first = {"program": job["program"], "cpu_s": int(2 * timeout * (n_units + 1)) + 2}
         self._start_clock(timeout)
         try:
-            self._spawn(job["program"], extra)
+            self._spawn(first, calls)
             reply = self._recv()
         except _UnitTimeout:
             self.kill_program()
@@ -982,16 +1005,27 @@ class Scorer:
 
     def run_job(self, job: dict) -> dict:
         units_src = job["asserts"]
+        setup_src = job.get("setup", "")
         timeout = float(job["timeout"])
         outcomes: list[list] = []
         try:
-            setup_code = self._code(job.get("setup", ""), "setup")
+            setup_code = self._code(setup_src, "setup")
         except SyntaxError as e:
             return {
                 "o": [[False, f"test setup does not compile: {_describe(e)}", 0.0]] * len(units_src),
                 "e": "",
             }
-        base, err = self._load(job)
+        codes: list = []
+        for src in units_src:
+            try:
+                codes.append(self._code(src, "assert"))
+            except SyntaxError as e:
+                codes.append(f"assert does not compile: {_describe(e)}")
+        plans = [
+            None if isinstance(c, str) else _plan(setup_src, src)
+            for src, c in zip(units_src, codes, strict=True)
+        ]
+        base, err = self._load(job, self._calls_from(plans, 0))
         if base is None:
             reason = f"program failed to load: {err}"
             return {"o": [[False, reason, 0.0] for _ in units_src], "e": reason}
@@ -1001,20 +1035,54 @@ class Scorer:
             self.kill_program()
             reason = f"program failed to load: {reason} (in test setup)"
             return {"o": [[False, reason, 0.0] for _ in units_src], "e": reason}
-        for src in units_src:
+        i, unplanned = 0, -1
+        while i < len(units_src):
+            code = codes[i]
+            if isinstance(code, str):
+                outcomes.append([False, code, 0.0])
+                i += 1
+                continue
             if self.prog is None:
-                base, err = self._load(job)
+                base, err = self._load(job, self._calls_from(plans, i) if i != unplanned else [])
                 if base is None:
                     outcomes.append([False, f"program failed to load: {err}", 0.0])
+                    i += 1
                     continue
+            elif not self.inflight and i != unplanned:
+                calls = self._calls_from(plans, i)
+                if calls:
+                    self._start_clock(timeout)
+                    try:
+                        self._send({"calls": [c[:3] for c in calls]})
+                        self.inflight.extend(calls)
+                    except (_UnitTimeout, _ProgramGone):
+                        self.kill_program()
+                        continue
             try:
-                code = self._code(src, "assert")
-            except SyntaxError as e:
-                outcomes.append([False, f"assert does not compile: {_describe(e)}", 0.0])
+                outcome = self._unit(base, setup_code, code, timeout)
+            except _Desync:  # cannot happen with the planning rules; to be safe, redo the unit unplanned
+                self.kill_program()
+                unplanned = i
                 continue
-            outcomes.append(list(self._unit(base, setup_code, code, timeout)))
+            if (
+                self.inflight and self.inflight[0][3] == i
+            ):  # planned calls the unit did not make: start afresh
+                self.kill_program()
+            outcomes.append(list(outcome))
+            i += 1
         self.kill_program()
         return {"o": outcomes, "e": ""}
+
+    @staticmethod
+    def _calls_from(plans: list, start: int, limit: int = 256) -> list:
+        """Planned calls of the consecutive plannable units from ``start``: [name, args, kwargs, unit index]."""
+        out: list = []
+        for i in range(start, len(plans)):
+            plan = plans[i]
+            if plan is None or len(out) + len(plan) > limit:
+                break
+            out.extend([name, args, kwargs, i] for name, args, kwargs in plan)
+        return out
 
     def _unit(self, base: dict, setup_code, code, timeout: float) -> tuple[bool, str, float]:
         """Run setup (+ one assert unit) in a fresh namespace. Returns (passed, reason, effective seconds)."""
@@ -1031,6 +1099,8 @@ class Scorer:
             if code is not None:
                 exec(code, ns)  # noqa: S102 - trusted test code
             passed = True
+        except _Desync:
+            raise
         except _UnitTimeout:
             reason, restart = f"timeout after {timeout}s", True
         except _ProgramGone as e:
@@ -1051,6 +1121,91 @@ class Scorer:
         if restart:
             self.kill_program()
         return passed, reason, round(elapsed, 6)
+
+
+_PLANS: dict[tuple[str, str], list | None] = {}
+
+
+def _plan(setup: str, unit: str) -> list | None:
+    """The program calls an assert unit is certain to make, in order, when that is known before running it.
+
+    Plannable: the unit is imports/no-op names followed by one ``assert`` without a message; every call in its
+    test is to a builtin or to a name the setup binds to another name (``candidate = f``), the latter with
+    literal arguments only; nothing is evaluated conditionally (and/or, if-else, chained comparisons,
+    comprehensions, lambdas). Returns [[function name, encoded args, encoded kwargs], ...] or None. The scorer
+    sends planned calls ahead so that the program process runs them back to back (one round trip instead of
+    one per call); the verdict is still computed by running the unit, which must make exactly these calls.
+    """
+    key = (setup, unit)
+    if key in _PLANS:
+        return _PLANS[key]
+    import ast  # imported here: the scorer forks the fork server before any job, and it need not carry ast
+
+    conditional = (
+        ast.BoolOp,
+        ast.IfExp,
+        ast.Lambda,
+        ast.ListComp,
+        ast.SetComp,
+        ast.DictComp,
+        ast.GeneratorExp,
+        ast.NamedExpr,
+        ast.Await,
+        ast.Yield,
+        ast.YieldFrom,
+        ast.Starred,
+    )
+    plan = None
+    try:
+        aliases = {}
+        for node in ast.parse(setup).body:
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Name)
+            ):
+                aliases[node.targets[0].id] = node.value.id
+        body = ast.parse(unit).body
+        ok = bool(body) and isinstance(body[-1], ast.Assert) and body[-1].msg is None
+        ok = ok and all(
+            isinstance(st, (ast.Import, ast.ImportFrom, ast.Pass))
+            or (isinstance(st, ast.Expr) and isinstance(st.value, ast.Name))
+            for st in body[:-1]
+        )
+        bound = {
+            a.asname or a.name.split(".")[0]
+            for st in body[:-1]
+            if isinstance(st, (ast.Import, ast.ImportFrom))
+            for a in st.names
+        }
+        calls: list = []
+        if ok:
+            for n in ast.walk(body[-1].test):
+                if isinstance(n, conditional) or (isinstance(n, ast.Compare) and len(n.ops) > 1):
+                    ok = False
+                    break
+                if not isinstance(n, ast.Call):
+                    continue
+                f = n.func
+                if not isinstance(f, ast.Name) or f.id in bound or any(k.arg is None for k in n.keywords):
+                    ok = False
+                    break
+                if f.id in aliases:
+                    args = [encode(ast.literal_eval(x)) for x in n.args]
+                    kwargs = [[k.arg, encode(ast.literal_eval(k.value))] for k in n.keywords]
+                    calls.append(((n.lineno, n.col_offset), [aliases[f.id], args, kwargs]))
+                elif f.id not in _BUILTIN_NAMES or f.id in aliases.values():
+                    ok = False
+                    break
+        if ok:
+            plan = [c for _, c in sorted(calls, key=lambda c: c[0])]
+    except (SyntaxError, ValueError, TypeError, Unplain, RecursionError, MemoryError):
+        plan = None
+    if len(_PLANS) > 8192:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
 
 
 def _remote_exception(tname: str, msg: str) -> BaseException:
@@ -1137,7 +1292,8 @@ def main() -> None:
             os.close(rfd)
             os.close(wfd)
             ctrl_z.close()
-            clean_server(ctrl_c, PRELOAD_FULL if cfg.get("preload") == "full" else PRELOAD_SMALL)
+            a_cfg = {k: cfg[k] for k in ("root", "tmp_root", "memory_mb", "fsize", "nofile", "nproc")}
+            clean_server(ctrl_c, PRELOAD_FULL if cfg.get("preload") == "full" else PRELOAD_SMALL, a_cfg)
         finally:
             os._exit(0)
     ctrl_c.close()

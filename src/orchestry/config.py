@@ -45,7 +45,9 @@ class PrepareParams(_Section):
 
 
 class SandboxParams(_Section):
-    timeout_s: float = Field(3.0, gt=0, description="wall seconds per assert")
+    timeout_s: float = Field(
+        1.0, gt=0, description="seconds per assert and for loading (wall time minus time waiting for a CPU)"
+    )
     memory_mb: int = Field(1024, ge=64)
     workers: int | None = Field(None, ge=1, description="parallel programs (default: CPU count)")
 
@@ -65,7 +67,7 @@ class TrainMagrpoParams(_Section):
     num_steps: int = Field(16, ge=1, description="policy updates")
     problems_per_step: int = Field(2, ge=1, description="problems whose groups form one update")
     num_generations: int = Field(4, ge=2, description="G: completions per agent per problem")
-    learning_rate: float = Field(5e-4, gt=0)
+    learning_rate: float = Field(1e-3, gt=0, description="AdamW learning rate of each LoRA adapter")
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     advantage: Literal["mean", "mean_std", "rloo", "max", "raw"] = "mean"
