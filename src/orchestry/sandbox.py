@@ -274,6 +274,9 @@ def _bwrap_command(python: str) -> list[str]:
             binds.append(rp)
         if os.path.isdir(p) and p != rp and not any(p == b or p.startswith(b + "/") for b in binds):
             binds.append(p)
+    # the private /tmp comes first so that a venv or checkout under /tmp (e.g. a CI clone) stays visible
+    args.extend(["--perms", "0711", "--size", str(_TMPFS_BYTES), "--tmpfs", "/tmp"])
+    made.add("/tmp")
     for b in sorted(set(binds), key=len):
         ensure_parents(b)
         args.extend(["--ro-bind", b, b])
@@ -282,7 +285,6 @@ def _bwrap_command(python: str) -> list[str]:
     for h in _hidden_paths():
         args.extend(["--tmpfs", h])
     args.extend(["--dev", "/dev", "--proc", "/proc"])
-    args.extend(["--perms", "0711", "--size", str(_TMPFS_BYTES), "--tmpfs", "/tmp"])
     args.extend(["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"])
     args.extend(["--new-session", "--hostname", "sandbox", "--chdir", "/tmp"])
     return args
