@@ -219,6 +219,46 @@ def chat_prompt(tokenizer, user: str, system: str | None = None) -> str:
     return (system + "\n\n" if system else "") + user + "\n"
 
 
+def _prompt_groups(ids: torch.Tensor, mask: torch.Tensor, tags: Sequence | None = None):
+    """Rows that share a prompt (and tag, e.g. adapter): ``(first_row_of_group, group_of_row)``; None if all differ.
+
+    The G samples of one agent on one problem share their prompt: its forward pass is then done once.
+    """
+    seen: dict = {}
+    index = []
+    for i in range(ids.shape[0]):
+        key = (tuple(ids[i][mask[i].bool()].tolist()), tags[i] if tags is not None else None)
+        index.append(seen.setdefault(key, len(seen)))
+    if len(seen) == len(index):
+        return None
+    first = [index.index(g) for g in range(len(seen))]
+    return torch.tensor(first), torch.tensor(index)
+
+
+def _prefix_cache(model, ids: torch.Tensor, mask: torch.Tensor, groups, **forward_kwargs):
+    """KV cache of ``ids[:, :-1]`` (left-padded prompts) computed once per group, then spread to every row.
+
+    The last prompt token is left out so that the caller's forward (or ``generate``) still has a token to
+    process. Differentiable when called with gradients on (the rows' gradients add up in the shared prompt).
+    """
+    from transformers import DynamicCache
+
+    first, index = groups
+    sub_ids, sub_mask = ids[first, :-1], mask[first, :-1]
+    cache = DynamicCache()
+    model(
+        input_ids=sub_ids,
+        attention_mask=sub_mask,
+        position_ids=(sub_mask.cumsum(dim=1) - 1).clamp(min=0),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+        **forward_kwargs,
+    )
+    cache.batch_select_indices(index)
+    return cache
+
+
 class _FenceStop:
     """Per-row stopping: a row is done once its completion closes a ```-fenced code block.
 
@@ -284,6 +324,15 @@ def generate(
     model.eval()  # peft refuses per-row adapters in training mode
     torch.manual_seed(seed)
     try:
+        # rows repeating a prompt (G samples per agent and problem): prefill each distinct prompt once
+        groups = _prompt_groups(enc["input_ids"], enc["attention_mask"], adapter_names) if width > 1 else None
+        if groups is not None:
+            extra = (
+                {"adapter_names": [adapter_names[i] for i in groups[0]]} if adapter_names is not None else {}
+            )
+            kwargs["past_key_values"] = _prefix_cache(
+                model, enc["input_ids"], enc["attention_mask"], groups, **extra
+            )
         out = model.generate(**enc, **kwargs)
     finally:
         model.train(was_training)
@@ -314,7 +363,8 @@ def completion_logprobs(model, sequences: torch.Tensor, attention_mask: torch.Te
     """Sum of log π(y_t | x, y_<t) over each row's completion tokens.
 
     Only the completion positions go through the LM head (``logits_to_keep``), so prompt tokens' log-probs
-    are never computed.
+    are never computed; rows sharing a prompt (the G samples of a group) run the prompt through the model once
+    and share its (differentiable) KV cache.
 
     Args:
         sequences: ``[B, P+T]`` ids from :func:`generate`; attention_mask: ``[B, P+T]``.
@@ -324,13 +374,25 @@ def completion_logprobs(model, sequences: torch.Tensor, attention_mask: torch.Te
     """
     T = sequences.shape[1] - prompt_width
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    out = model(
-        input_ids=sequences,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=T + 1,
-        use_cache=False,
-    )
+    P = prompt_width
+    groups = _prompt_groups(sequences[:, :P], attention_mask[:, :P]) if P > 1 else None
+    if groups is None:
+        out = model(
+            input_ids=sequences,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=T + 1,
+            use_cache=False,
+        )
+    else:
+        cache = _prefix_cache(model, sequences[:, :P], attention_mask[:, :P], groups)
+        out = model(
+            input_ids=sequences[:, P - 1 :],
+            attention_mask=attention_mask,
+            position_ids=position_ids[:, P - 1 :],
+            past_key_values=cache,
+            use_cache=True,
+        )
     logits = out.logits[:, :-1, :].float()  # predictions for positions P .. P+T-1
     targets = sequences[:, prompt_width:]
     logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
