@@ -152,7 +152,9 @@ def prompt_context(prompt: str, entry_point: str) -> str:
     except SyntaxError:
         lines = [ln for ln in prompt.splitlines() if ln.startswith(("import ", "from "))]
         return "\n".join(lines)
-    keep = [ast.unparse(n) for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == entry_point)]
+    keep = [
+        ast.unparse(n) for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == entry_point)
+    ]
     keep = [k for k in keep if not k.startswith(("'", '"'))]
     return "\n".join(keep)
 
@@ -163,7 +165,9 @@ def make_problem(record: dict, where: str = "record") -> Problem:
         raise ProblemFormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
     for key in REQUIRED_FIELDS:
         if key not in record:
-            raise ProblemFormatError(f"{where}: missing field '{key}' (required: {', '.join(REQUIRED_FIELDS)})")
+            raise ProblemFormatError(
+                f"{where}: missing field '{key}' (required: {', '.join(REQUIRED_FIELDS)})"
+            )
         if not isinstance(record[key], str) or not record[key].strip():
             raise ProblemFormatError(f"{where}: field '{key}' must be a non-empty string")
     try:
