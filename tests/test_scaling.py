@@ -16,13 +16,25 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(
     "launch",
     [
-        ["--num_processes", "1", "--cpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
+        [
+            "--num_processes",
+            "1",
+            "--cpu",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+        ],
         ["--config_file", str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml")],
     ],
     ids=["1-process", "2-processes"],
 )
 def test_accelerate_launch_trains_identical_adapters(launch):
-    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or shutil.which("accelerate")
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or shutil.which(
+        "accelerate"
+    )
     if accelerate is None:
         pytest.skip("the accelerate CLI is not on PATH")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
