@@ -159,3 +159,36 @@ def test_decoding_in_rounds_gives_the_same_greedy_samples(tiny_llama, embedded_t
     assert torch.equal(one.sequences, rounds.sequences)
     assert torch.equal(one.attention_mask, rounds.attention_mask)
     assert [i.text for i in one.items] == [i.text for i in rounds.items]
+
+
+@pytest.mark.parametrize("candidates", [1024, 4])  # 4: most rows' nucleus spills over, the full-sort path
+@pytest.mark.parametrize("top_p", [0.95, 0.5, 1.0])
+def test_nucleus_sampler_draws_from_transformers_top_p_distribution(candidates, top_p):
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 300, generator=g) * torch.tensor([0.1, 1.0, 3.0, 8.0, 0.5, 2.0])[:, None]
+    scores[4] = torch.linspace(0.0, 0.01, 300)  # nearly flat: the nucleus is most of the vocabulary (no ties)
+    ref = TopPLogitsWarper(top_p)(None, TemperatureLogitsWarper(0.7)(None, scores.clone()))
+    ref = torch.softmax(ref, dim=-1)
+    sampler = L.NucleusSampler(0.7, top_p, candidates=candidates)
+    probs, ids = sampler.probabilities(scores)
+    ours = torch.zeros_like(ref).scatter_add_(-1, ids, probs)
+    torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
+    # the processor's output makes greedy decoding emit one token from the nucleus
+    torch.manual_seed(1)
+    out = sampler(None, scores)
+    drawn = out.argmax(dim=-1)
+    assert torch.isinf(out).sum(dim=-1).tolist() == [299] * 6
+    assert bool((ref.gather(-1, drawn[:, None]) > 0).all())
+
+
+def test_nucleus_sampler_frequencies_match_the_distribution():
+    scores = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    sampler = L.NucleusSampler(1.0, 0.9)  # nucleus {0, 1, 2}: probabilities 0.5/0.95, 0.3/0.95, 0.15/0.95
+    torch.manual_seed(0)
+    counts = torch.bincount(torch.cat([sampler(None, scores).argmax(-1) for _ in range(4000)]), minlength=4)
+    assert counts[3] == 0
+    torch.testing.assert_close(counts[:3] / 4000.0, torch.tensor([0.5, 0.3, 0.15]) / 0.95, atol=0.03, rtol=0)
+    with pytest.raises(ValueError, match="top_p"):
+        L.NucleusSampler(1.0, 0.0)
