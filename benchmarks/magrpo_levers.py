@@ -41,6 +41,11 @@ LEVERS = {
         "gen_no_prefix",
         "gen",
     ),
+    "nucleus_sampler": (
+        "nucleus sampling among the top-1024 tokens (vs transformers' full-vocabulary sort and draw)",
+        "gen_hf_sampling",
+        "gen",
+    ),
     "drop_finished_rows": (
         "decode in rounds of 16 tokens, finished rows leave the batch",
         "gen_one_round",
@@ -146,7 +151,9 @@ def _gen_variant(variant: str) -> dict:
                 b = L.generate(model, tok, prompts[i : i + G], None, **kw)
                 tokens += sum(it.completion_tokens for it in b.items)
             out["tokens"] = tokens
-        elif variant in ("gen", "gen_no_stop", "gen_no_prefix", "gen_one_round"):
+        elif variant in ("gen", "gen_no_stop", "gen_no_prefix", "gen_one_round", "gen_hf_sampling"):
+            if variant == "gen_hf_sampling":
+                L.FAST_NUCLEUS = False
             if variant == "gen_no_prefix":
                 L._prompt_groups = lambda *a, **k: None
             if variant == "gen_one_round":
