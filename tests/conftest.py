@@ -20,6 +20,15 @@ def embedded_tokenizer():
 
 
 @pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread, and a shared machine's load does not stall them at every op."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def tiny_llama():
     """Factory of tiny random Llamas built from a config (unit tests never load real weights)."""
     return make_tiny_llama

@@ -14,13 +14,7 @@ from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
 VOCAB, EOS = 64, 0
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread, and a shared machine's load does not stall them at every op."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(tiny_llama, vocab=VOCAB, seed=3):

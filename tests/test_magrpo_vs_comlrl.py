@@ -39,13 +39,7 @@ PAD = EOS = 0  # as in the embedded model: the pad token is the end-of-text toke
 G = 4
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread, and a shared machine's load does not stall them at every op."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _comlrl_stub(mode: str = "mean", normalize: bool = False, buffer: int = 1):

@@ -17,14 +17,7 @@ from orchestry.problems import load_problems  # noqa: E402
 from orchestry.rewards.code import LevelReward  # noqa: E402
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread, and a shared machine's load does not stall them at every op."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rollout(vocab: int, problems, G: int, rewards: torch.Tensor) -> Rollout:
