@@ -29,6 +29,25 @@ def one_thread():
 
 
 @pytest.fixture
+def only_adapters_changed():
+    """Asserts that no base weight changed and that every agent's LoRA B matrices did."""
+
+    def check(model, base_before: dict, lora_before: dict, agents) -> None:
+        for n, p in model.named_parameters():
+            if "lora_" not in n:
+                assert torch.equal(p, base_before[n]), f"base weight {n} changed"
+        for agent in agents:
+            changed = [
+                n
+                for n, p in model.named_parameters()
+                if "lora_B" in n and f".{agent}." in n and not torch.equal(p, lora_before[n])
+            ]
+            assert changed, f"adapter {agent} did not change"
+
+    return check
+
+
+@pytest.fixture
 def tiny_llama():
     """Factory of tiny random Llamas built from a config (unit tests never load real weights)."""
     return make_tiny_llama
