@@ -668,6 +668,9 @@ def clean_server(ctrl: socket.socket, preload: list[str], cfg: dict) -> None:
         with contextlib.suppress(Exception):
             __import__(name)
     _prctl(36)  # PR_SET_CHILD_SUBREAPER: orphans of program processes come back to C
+    # The first compile() in an interpreter builds the ~120 AST node classes (PyAST_Check -> init_types):
+    # done here once, it was a third of each program process's CPU time.
+    compile("pass", "<warm-up>", "exec")
     import gc
 
     gc.collect()
