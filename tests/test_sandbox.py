@@ -21,6 +21,13 @@ def sb():
 
 
 @pytest.fixture(scope="module")
+def sb_all():
+    """A sandbox that runs every assert, also after timeouts."""
+    with Sandbox(timeout_s=1.0, max_workers=1, max_timeouts=None) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
 def problems():
     return load_problems()
 
@@ -84,7 +91,8 @@ def test_missing_entry_point_is_a_load_failure(sb):
     assert res.error == "program failed to load: NameError: name 'add' is not defined (in test setup)"
 
 
-def test_failing_hanging_crashing_asserts_are_independent(sb):
+def test_failing_hanging_crashing_asserts_are_independent(sb_all):
+    sb = sb_all
     prog = (
         ADD
         + "import os, sys\n"
@@ -127,6 +135,35 @@ def test_failing_hanging_crashing_asserts_are_independent(sb):
     assert res.error == ""
 
 
+HANG_ON_ODD = "def f(x):\n    while x % 2:\n        pass\n    return x\n"
+
+
+@pytest.mark.parametrize(
+    ("max_timeouts", "expect"),
+    [(1, [True, False] + [False] * 4), (2, [True, False, True, False, False, False])],
+)
+def test_a_job_stops_after_max_timeouts(max_timeouts, expect):
+    asserts = tuple(f"assert candidate({x}) == {x}" for x in (0, 1, 2, 3, 4, 6))
+    with Sandbox(timeout_s=0.3, max_workers=1, max_timeouts=max_timeouts) as s:
+        res = s.run(Job(HANG_ON_ODD, asserts, "candidate = f"))
+        after = s.run(
+            Job(HANG_ON_ODD, ("assert candidate(8) == 8",), "candidate = f")
+        )  # next job: fresh count
+    assert [o.passed for o in res.outcomes] == expect, reasons(res)
+    r = reasons(res)
+    assert [x for x in r if x.startswith("timeout")] == ["timeout after 0.3s"] * max_timeouts
+    skipped = f"not run: the job stopped after {max_timeouts} timed-out assert(s)"
+    assert r[2 * max_timeouts :] == [skipped] * (6 - 2 * max_timeouts)
+    assert res.error == ""
+    assert after.passed == 1
+
+
+def test_max_timeouts_must_be_none_or_positive():
+    for bad in (0, -1, 1.5, "1"):
+        with pytest.raises(ValueError, match="max_timeouts"):
+            Sandbox(max_timeouts=bad)
+
+
 def test_state_persists_between_asserts_like_one_module_until_a_restart(sb):
     prog = "calls = []\ndef f():\n    calls.append(1)\n    return len(calls)\n"
     res = sb.run(Job(prog, ("assert f() == 1", "assert f() == 2")))
@@ -144,7 +181,8 @@ STATEFUL = (
 )
 
 
-def test_calls_sent_ahead_keep_sequential_semantics(sb):
+def test_calls_sent_ahead_keep_sequential_semantics(sb_all):
+    sb = sb_all
     # most units are planned (their literal-argument calls are sent to the program ahead of time); verdicts
     # must be those of running every unit in order, one call at a time, where a timeout, a crash or a failure
     # before a planned call restarts the program process (later asserts see a freshly loaded program)

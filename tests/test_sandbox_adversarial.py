@@ -41,7 +41,8 @@ BENIGN = Job("def add(a, b):\n    return a + b\n", ("assert add(2, 3) == 5", "as
 
 @pytest.fixture(scope="module", params=["auto", "process"])
 def sb(request):
-    with Sandbox(timeout_s=TIMEOUT, isolation=request.param, max_workers=1) as s:
+    # max_timeouts=None: every hostile assert runs, also those after a timeout
+    with Sandbox(timeout_s=TIMEOUT, isolation=request.param, max_workers=1, max_timeouts=None) as s:
         assert s.run(BENIGN).passed == 2
         s.baseline = {w.proc.pid: _tree(w.proc.pid) for w in s._workers}  # type: ignore[attr-defined]
         yield s

@@ -1038,8 +1038,13 @@ class Scorer:
             self.kill_program()
             reason = f"program failed to load: {reason} (in test setup)"
             return {"o": [[False, reason, 0.0] for _ in units_src], "e": reason}
-        i, unplanned = 0, -1
+        i, unplanned, timeouts = 0, -1, 0
+        max_timeouts = job.get("max_timeouts")
         while i < len(units_src):
+            if max_timeouts is not None and timeouts >= max_timeouts:
+                skipped = f"not run: the job stopped after {timeouts} timed-out assert(s)"
+                outcomes.extend([False, skipped, 0.0] for _ in range(i, len(units_src)))
+                break
             code = codes[i]
             if isinstance(code, str):
                 outcomes.append([False, code, 0.0])
@@ -1049,6 +1054,7 @@ class Scorer:
                 base, err = self._load(job, self._calls_from(plans, i) if i != unplanned else [])
                 if base is None:
                     outcomes.append([False, f"program failed to load: {err}", 0.0])
+                    timeouts += err.startswith("timeout after")
                     i += 1
                     continue
             elif not self.inflight and i != unplanned:
@@ -1072,6 +1078,7 @@ class Scorer:
             ):  # planned calls the unit did not make: start afresh
                 self.kill_program()
             outcomes.append(list(outcome))
+            timeouts += outcome[1].startswith("timeout after")
             i += 1
         self.kill_program()
         return {"o": outcomes, "e": ""}

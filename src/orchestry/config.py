@@ -50,6 +50,9 @@ class SandboxParams(_Section):
     )
     memory_mb: int = Field(1024, ge=64)
     workers: int | None = Field(None, ge=1, description="parallel programs (default: CPU count)")
+    max_timeouts: int | None = Field(
+        1, ge=1, description="a program stops after this many timed-out asserts (null: run every assert)"
+    )
 
 
 class BaselinesParams(_Section):

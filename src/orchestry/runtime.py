@@ -55,7 +55,9 @@ def open_sandbox(params: Params):
     from orchestry.sandbox import Sandbox
 
     s = params.sandbox
-    return Sandbox(timeout_s=s.timeout_s, memory_mb=s.memory_mb, max_workers=s.workers)
+    return Sandbox(
+        timeout_s=s.timeout_s, memory_mb=s.memory_mb, max_workers=s.workers, max_timeouts=s.max_timeouts
+    )
 
 
 def load_policy(params: Params, with_adapters: str | None = None):

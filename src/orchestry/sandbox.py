@@ -67,7 +67,10 @@ What it does not defend
 
 Timing and limits
 -----------------
-``timeout_s`` applies to loading and to each assert unit separately. It is measured as *effective* time:
+``timeout_s`` applies to loading and to each assert unit separately. A job stops at its ``max_timeouts``-th
+timed-out assert (default 1): its remaining asserts are not run and fail with "not run: ..." (an assert that
+loops forever costs ``timeout_s`` of a core, and a program that hangs on one input usually hangs on the next;
+``max_timeouts=None`` runs every assert). It is measured as *effective* time:
 wall time minus the time the program and scorer processes spent runnable but waiting for a CPU
 (``/proc/<pid>/schedstat``), so a busy machine does not turn slow-but-correct code into timeouts
 (determinism); a hard cap of ``10 x timeout_s`` of wall time applies regardless.
@@ -445,6 +448,8 @@ class Sandbox:
         isolation: ``"auto"`` (bubblewrap if usable, else ``"process"``), ``"bwrap"`` or ``"process"``.
         wall_factor: hard wall-clock cap per unit, as a multiple of ``timeout_s``.
         max_message_mb: largest value (encoded) a program may return, in MiB.
+        max_timeouts: a job stops after this many timed-out asserts; its remaining asserts fail with "not run:
+            ..." (``None``: run them all).
 
     Raises:
         ValueError: invalid argument.
@@ -463,17 +468,21 @@ class Sandbox:
         *,
         wall_factor: float = 10.0,
         max_message_mb: int = 32,
+        max_timeouts: int | None = 1,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         if int(memory_mb) < 64:
             raise ValueError(f"memory_mb must be >= 64, got {memory_mb!r}")
+        if max_timeouts is not None and not (isinstance(max_timeouts, int) and max_timeouts >= 1):
+            raise ValueError(f"max_timeouts must be None or an int >= 1, got {max_timeouts!r}")
         if isolation not in ("auto", "bwrap", "process"):
             raise ValueError(f"isolation must be 'auto', 'bwrap' or 'process', got {isolation!r}")
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
         self.max_workers = max(1, int(max_workers or os.cpu_count() or 1))
         self.wall_factor = float(wall_factor)
+        self.max_timeouts = max_timeouts
         self._cfg = {
             "memory_mb": self.memory_mb,
             "fsize": 16 << 20,
@@ -608,6 +617,7 @@ class Sandbox:
                     "asserts": list(asserts),
                     "timeout": self.timeout_s,
                     "memory_mb": self.memory_mb,
+                    "max_timeouts": self.max_timeouts,
                 }
             )
         if not jobs:
