@@ -76,6 +76,20 @@ def test_assert_message_and_program_exception_reasons(sb):
         ("while True:\n    pass\n", "program failed to load: timeout after 1.0s"),
         ("import os\nos._exit(3)\n", "program failed to load: program exited (code 3) instead of returning"),
         ("import sys\nsys.exit(0)\n", "program failed to load: SystemExit: 0"),
+        (
+            "x = 1\0\n" + ADD,
+            "program failed to load: SyntaxError: source code string cannot contain null bytes",
+        ),
+        # annotations are evaluated as in plain Python (no future import leaks from the sandbox's own code)
+        (
+            "def f(x: Undefined) -> int:\n    return x\n" + ADD,
+            "program failed to load: NameError: name 'Undefined'",
+        ),
+        # programs over 1 MiB are compiled by the program process itself (same verdicts)
+        (
+            "s = '" + "a" * (1 << 20) + "'\ndef add(a, b) return a",
+            "program failed to load: SyntaxError: expected ':'",
+        ),
     ],
 )
 def test_load_failures_fail_every_assert(sb, program, expected):
@@ -83,6 +97,12 @@ def test_load_failures_fail_every_assert(sb, program, expected):
     assert res.passed == 0 and res.total == 2
     assert res.error.startswith(expected), res.error
     assert all(r == res.error for r in reasons(res))
+
+
+def test_a_large_program_compiled_by_the_program_process_runs(sb):
+    prog = "s = '" + "a" * (1 << 20) + "'\ndef size():\n    return len(s)\n"
+    res = sb.run(Job(prog, ("assert size() == 2**20",)))
+    assert res.passed == 1, reasons(res)
 
 
 def test_missing_entry_point_is_a_load_failure(sb):

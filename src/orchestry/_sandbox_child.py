@@ -23,6 +23,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
+import marshal
 import os
 import resource
 import select
@@ -84,6 +85,10 @@ _NO_IMPORT = frozenset(
 )
 _SIGNAMES = {int(s): s.name for s in signal.Signals}
 _EXIT_SETUP, _EXIT_CHANNEL = 70, 72  # exit codes of a program process that could not talk to the scorer
+# Programs up to this size (characters) are compiled by the scorer, which sends the program process the code
+# object (marshal) instead of the source; a program that does not compile never needs a program process.
+# Larger ones are compiled by the program process itself, under its limits.
+COMPILE_IN_SCORER_MAX = 1 << 20
 
 
 # ----------------------------------------------------------------------------------------- framing
@@ -365,7 +370,10 @@ def _make_audit_hook(tmpdir: str):
 def _describe(e: BaseException) -> str:
     try:
         name = type(e).__name__
-        msg = f"{e.msg} (line {e.lineno})" if isinstance(e, SyntaxError) else str(e)
+        if isinstance(e, SyntaxError):
+            msg = f"{e.msg} (line {e.lineno})" if e.lineno is not None else str(e.msg)
+        else:
+            msg = str(e)
     except BaseException:  # noqa: BLE001 - a hostile exception may break str()
         return "exception (undescribable)"
     return _short(f"{name}: {msg}" if msg else name)
@@ -416,6 +424,8 @@ def program_main(req: dict, za_r: int, az_w: int, ctrl_fd: int) -> None:
         sys.addaudithook(_make_audit_hook(tmpdir))
         # ready: wait (pre-forked, idle) for the job; then CPU seconds for the whole job (soft: SIGXCPU)
         first = read_msg_blocking(za_r)
+        if "code_bytes" in first:  # the program, compiled by the scorer (marshal), follows the message
+            first["code"] = read_exact_blocking(za_r, int(first["code_bytes"]))
         cpu = max(1, int(first["cpu_s"]))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     except BaseException:  # noqa: BLE001 - set-up failure: nothing model-written has run yet
@@ -430,7 +440,10 @@ def _serve(first: dict, za_r: int, az_w: int) -> None:
     restore = builtins.__dict__.update  # the harness below needs working builtins after model code ran
     ns: dict = {}
     try:
-        code = compile(first["program"], "<program>", "exec")
+        if "code" in first:
+            code = marshal.loads(first["code"])
+        else:
+            code = compile(first["program"], "<program>", "exec", dont_inherit=True)
         exec(code, ns)  # noqa: S102 - this is the sandboxed program
     except BaseException as e:  # noqa: BLE001
         restore(pristine)
@@ -610,8 +623,11 @@ class _CleanServer:
         uid, tmpdir = self.jobs.pop(pid)
         self.killed.discard(pid)
         try:
-            with open(self.children_path) as f:
-                others = [int(x) for x in f.read().split()]
+            fd = os.open(self.children_path, os.O_RDONLY)
+            try:
+                others = [int(x) for x in os.read(fd, 65536).split()]
+            finally:
+                os.close(fd)
         except (OSError, ValueError):
             others = None  # cannot tell: assume there may be leftovers
         leftovers = others is None or any(o not in self.jobs for o in others)
@@ -806,8 +822,9 @@ class Scorer:
             raise SystemExit("clean fork server is gone")
         return json.loads(msg), fds
 
-    def _spawn(self, first: dict, calls: list) -> None:
-        """Take the program process C forked ahead and send it the job (program, CPU limit, planned calls)."""
+    def _spawn(self, first: dict, calls: list, code: bytes = b"") -> None:
+        """Take the program process C forked ahead and send it the job (program or its marshalled ``code``,
+        CPU limit, planned calls)."""
         info, fds = self._ctrl_recv()
         if "idle" not in info or len(fds) != 2:
             for fd in fds:
@@ -817,7 +834,7 @@ class Scorer:
         os.set_blocking(za_w, False)
         os.set_blocking(az_r, False)
         self.prog = _Program(int(info["idle"]), za_w, az_r, str(info["tmpdir"]))
-        self._send({**first, "calls": [c[:3] for c in calls]})
+        self._send({**first, "calls": [c[:3] for c in calls]}, code)
         self.inflight.extend(calls)
 
     def kill_program(self, want_status: bool = False) -> int | None:
@@ -847,10 +864,11 @@ class Scorer:
         return None if not isinstance(st, int) or st < 0 else st
 
     # ------------------------------------------------------------------ channel to A
-    def _send(self, obj) -> None:
+    def _send(self, obj, raw: bytes = b"") -> None:
+        """Send ``obj`` (framed JSON), then ``raw`` bytes as they are, to A (within the unit's time)."""
         p = self.prog
         data = json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogatepass")
-        view = memoryview(_LEN.pack(len(data)) + data)
+        view = memoryview(_LEN.pack(len(data)) + data + raw)
         while view:
             rem = self._remaining()
             if rem <= 0:
@@ -968,15 +986,20 @@ class Scorer:
             self.compiled[src] = code
         return code
 
-    def _load(self, job: dict, calls: list) -> tuple[dict | None, str]:
-        """Start A with the job's program (and the calls planned for the next units). Returns (base namespace
-        for tests, "") or (None, reason)."""
+    def _load(self, job: dict, calls: list, code: bytes | None) -> tuple[dict | None, str]:
+        """Start A with the job's program (``code``: compiled and marshalled by :meth:`_compile`; None: A
+        compiles the source) and the calls planned for the next units. Returns (base namespace for tests, "")
+        or (None, reason)."""
         timeout = float(job["timeout"])
         n_units = max(1, len(job["asserts"]))
-        first = {"program": job["program"], "cpu_s": int(2 * timeout * (n_units + 1)) + 2}
+        first: dict = {"cpu_s": int(2 * timeout * (n_units + 1)) + 2}
+        if code is None:
+            first["program"] = job["program"]
+        else:
+            first["code_bytes"] = len(code)
         self._start_clock(timeout)
         try:
-            self._spawn(first, calls)
+            self._spawn(first, calls, code or b"")
             reply = self._recv()
         except _UnitTimeout:
             self.kill_program()
@@ -1006,6 +1029,17 @@ class Scorer:
             return None, "program sent a malformed load report"
         return base, ""
 
+    @staticmethod
+    def _compile(program: str) -> tuple[bytes | None, str]:
+        """(marshalled code object, "") for a program up to COMPILE_IN_SCORER_MAX characters; (None, reason)
+        when it does not compile; (None, "") when it is larger (A compiles it). Compiling runs no program code."""
+        if len(program) > COMPILE_IN_SCORER_MAX:
+            return None, ""
+        try:
+            return marshal.dumps(compile(program, "<program>", "exec", dont_inherit=True)), ""
+        except Exception as e:  # noqa: BLE001 - SyntaxError, ValueError (null bytes), RecursionError, MemoryError
+            return None, _describe(e)
+
     def run_job(self, job: dict) -> dict:
         units_src = job["asserts"]
         setup_src = job.get("setup", "")
@@ -1028,7 +1062,10 @@ class Scorer:
             None if isinstance(c, str) else _plan(setup_src, src)
             for src, c in zip(units_src, codes, strict=True)
         ]
-        base, err = self._load(job, self._calls_from(plans, 0))
+        program_code, err = self._compile(job["program"])
+        base = None
+        if not err:
+            base, err = self._load(job, self._calls_from(plans, 0), program_code)
         if base is None:
             reason = f"program failed to load: {err}"
             return {"o": [[False, reason, 0.0] for _ in units_src], "e": reason}
@@ -1051,7 +1088,9 @@ class Scorer:
                 i += 1
                 continue
             if self.prog is None:
-                base, err = self._load(job, self._calls_from(plans, i) if i != unplanned else [])
+                base, err = self._load(
+                    job, self._calls_from(plans, i) if i != unplanned else [], program_code
+                )
                 if base is None:
                     outcomes.append([False, f"program failed to load: {err}", 0.0])
                     timeouts += err.startswith("timeout after")
@@ -1250,16 +1289,28 @@ def _stdlib_module(name: str):
         return None
 
 
-def _mkdtemp(root: str) -> str:
-    import tempfile
+_DIR_COUNT = [0]
 
-    return tempfile.mkdtemp(prefix="job-", dir=root)
+
+def _mkdtemp(root: str) -> str:
+    """A new private (0700) directory under ``root``: ``job-<pid>-<n>``, unique per fork server."""
+    while True:
+        _DIR_COUNT[0] += 1
+        path = f"{root}/job-{os.getpid()}-{_DIR_COUNT[0]}"
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            continue
 
 
 def _rmtree(path: str) -> None:
-    import shutil
+    try:
+        os.rmdir(path)  # the usual case: the program left nothing behind
+    except OSError:
+        import shutil
 
-    shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _new_uid() -> int:

@@ -22,6 +22,9 @@ common standard-library modules and never sees any job data. For every job:
    processes/threads, 16 MiB per file, 256 open files, no core dumps) and installs an audit hook (PEP 578,
    cannot be removed) that refuses process creation (fork/exec/system/subprocess/posix_spawn), sockets,
    ``ctypes``, symlinks/hard links and file-system writes outside its directory. Then it executes ``program``.
+   ``Z`` compiles the program first (``dont_inherit=True``; compiling runs none of its code) and sends ``A``
+   the code object (marshal); a program that does not compile fails to load without using a program
+   process. Programs over 1 MiB are compiled by ``A`` itself, under its limits.
 2. ``Z`` runs ``setup`` and each assert unit **in its own interpreter**, in a fresh namespace per unit.
    Program functions used by the tests (``candidate``, ``poly``...) are stand-ins that forward the call to
    ``A``; ``A`` answers with the return value encoded as plain data (None, bool, int, float, complex, str,
