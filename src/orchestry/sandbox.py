@@ -127,7 +127,8 @@ from pathlib import Path
 log = logging.getLogger("orchestry.sandbox")
 
 _CHILD = Path(__file__).resolve().with_name("_sandbox_child.py")
-_CHILD_IN_BWRAP = "/opt/orchestry-sandbox/child.py"  # the project tree itself stays invisible
+_CHILD_IN_BWRAP = "/opt/orchestry-sandbox/child.pyc"  # the project tree itself stays invisible
+_CHILD_PYC: dict[str, str] = {}
 _LEN = struct.Struct(">I")
 _LOGGED: set[str] = set()
 _PROBES: dict[str, tuple[bool, str]] = {}
@@ -232,6 +233,33 @@ def _read_msg(fd: int, deadline: float | None = None):
     return json.loads(_read_exact(fd, n, deadline).decode("utf-8", "surrogatepass"))
 
 
+def _child_pyc() -> str:
+    """Path of the worker script compiled to bytecode, made once per process and run directly by ``python``.
+
+    Compiling the source in every worker left ~3 MiB of parser memory in the scorer, which its fork server
+    inherits and every fork then copies (page tables) and every program process unmaps at exit.
+    """
+    path = _CHILD_PYC.get("path")
+    if path and os.path.exists(path):
+        return path
+    import atexit
+    import py_compile
+
+    d = tempfile.mkdtemp(prefix="orchestry-sandbox-code-")
+    path = os.path.join(d, "child.pyc")
+    try:
+        py_compile.compile(str(_CHILD), cfile=path, doraise=True)
+    except (OSError, py_compile.PyCompileError) as e:
+        shutil.rmtree(d, ignore_errors=True)
+        raise SandboxError(f"cannot compile the sandbox worker: {e}") from e
+    os.chmod(d, 0o755)
+    os.chmod(path, 0o644)
+    pid = os.getpid()
+    atexit.register(lambda: os.getpid() == pid and shutil.rmtree(d, ignore_errors=True))
+    _CHILD_PYC["path"] = path
+    return path
+
+
 def _is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -287,7 +315,7 @@ def _bwrap_command(python: str) -> list[str]:
         ensure_parents(b)
         args.extend(["--ro-bind", b, b])
     ensure_parents(_CHILD_IN_BWRAP)
-    args.extend(["--ro-bind", str(_CHILD), _CHILD_IN_BWRAP])
+    args.extend(["--ro-bind", _child_pyc(), _CHILD_IN_BWRAP])
     for h in _hidden_paths():
         args.extend(["--tmpfs", h])
     args.extend(["--dev", "/dev", "--proc", "/proc"])
@@ -340,7 +368,7 @@ class _Worker:
     def __init__(self, bwrap: bool, tmp_root: str, cfg: dict) -> None:
         self.bwrap = bwrap
         self.ns_init_pid: int | None = None
-        argv = _python_argv(str(_CHILD))
+        argv = _python_argv(_child_pyc())
         pass_fds: tuple[int, ...] = ()
         info_r = info_w = -1
         if bwrap:
