@@ -35,6 +35,9 @@ import time
 from collections import deque
 
 _LEN = struct.Struct(">I")
+_CTRL_PID = struct.Struct("<q")  # C <-> Z control messages (see _CleanServer)
+_CTRL_FINISH = struct.Struct("<q?")
+_FDS2 = struct.Struct("ii")
 _BUILTIN_NAMES = frozenset(dir(builtins))
 # Modules pre-imported by C so that programs import them for free. Every pre-imported module makes each fork
 # and exit of a program process slower, so with bubblewrap (where the rest can be imported on demand) only the
@@ -267,6 +270,10 @@ class _Sink:
         raise io.UnsupportedOperation("sandboxed output has no file descriptor")
 
 
+# stdio objects of every A, made once in C (fresh, never used there): out/err discard, in reads /dev/null
+_STDIO: dict = {}
+
+
 def _make_audit_hook(tmpdir: str):
     """Audit hook for A (PEP 578; cannot be removed once added). Refuses: process creation, sockets, ctypes,
     symlinks/hard links, and file-system writes outside ``tmpdir`` (plain paths only; anything else is
@@ -379,7 +386,7 @@ def _describe(e: BaseException) -> str:
     return _short(f"{name}: {msg}" if msg else name)
 
 
-def program_main(req: dict, za_r: int, az_w: int, ctrl_fd: int) -> None:
+def program_main(req: dict, tmpdir: str, uid: int | None, za_r: int, az_w: int, ctrl_fd: int) -> None:
     """Entry of A (forked by C's helper). Never returns: ends with os._exit."""
     try:
         os.setsid()
@@ -394,7 +401,6 @@ def program_main(req: dict, za_r: int, az_w: int, ctrl_fd: int) -> None:
         os.dup2(1001, 4)
         os.closerange(5, 1 << 16)
         za_r, az_w = 3, 4
-        tmpdir = req["tmpdir"]
         os.chdir(tmpdir)
         os.environ["HOME"] = os.environ["TMPDIR"] = tmpdir  # the rest was set once in C (_clean_process_env)
         mem = int(req["memory_mb"]) * 1024 * 1024
@@ -408,15 +414,14 @@ def program_main(req: dict, za_r: int, az_w: int, ctrl_fd: int) -> None:
             (resource.RLIMIT_MSGQUEUE, 0),
         ):
             resource.setrlimit(lim, val if isinstance(val, tuple) else (val, val))
-        uid = req.get("uid")
         if uid is not None:
             os.setgroups([])
-            os.setgid(int(req["gid"]))
-            os.setuid(int(uid))
+            os.setgid(uid)
+            os.setuid(uid)
             resource.setrlimit(resource.RLIMIT_NPROC, (int(req["nproc"]), int(req["nproc"])))
-        sys.stdout = sys.__stdout__ = _Sink()
-        sys.stderr = sys.__stderr__ = _Sink()
-        sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115 - /dev/null for the process lifetime
+        sys.stdout = sys.__stdout__ = _STDIO["out"]
+        sys.stderr = sys.__stderr__ = _STDIO["err"]
+        sys.stdin = sys.__stdin__ = _STDIO["in"]
         if "random" in sys.modules:
             sys.modules["random"].seed(0)
         if "tempfile" in sys.modules:
@@ -516,11 +521,12 @@ class _CleanServer:
     """C: keeps one program process forked ahead (idle, fully set up, waiting for its program), hands it to
     the scorer, kills and reaps program processes, removes their directories.
 
-    Messages on the SOCK_SEQPACKET control socket, JSON:
-      C -> Z  {"idle": pid, "tmpdir": dir} with 2 fds (write to A, read from A): a ready program process.
-              Sent at start and after each "finish" (so at most one is outstanding).
-      Z -> C  {"finish": pid, "status": bool}: SIGKILL pid's process group; if status, wait and reply
-              {"status": wait status or -1} before the next idle announcement; otherwise reap it later.
+    Messages on the SOCK_SEQPACKET control socket, binary (C does as little as possible between forks: every
+    page it touches while a forked program process shares it is copied):
+      C -> Z  b"I" + pid (int64) + tmpdir (UTF-8), with 2 fds (write to A, read from A): a ready program
+              process. Sent at start and after each "finish" (so at most one is outstanding).
+      Z -> C  pid (int64) + want_status (bool): SIGKILL pid's process group; if want_status, wait and reply
+              b"S" + wait status or -1 (int64) before the next idle announcement; otherwise reap it later.
     C is a child subreaper: processes a program managed to start come back to C when the program dies; any
     such process is killed with kill(-1) issued as the job's own uid (every program process has a fresh uid).
     """
@@ -555,10 +561,10 @@ class _CleanServer:
                     _rmtree(tmpdir)
                 return
             try:
-                req = json.loads(msg)
-                st = self.finish(int(req["finish"]), bool(req.get("status")))
-                if req.get("status"):
-                    ctrl.send(json.dumps({"status": st}).encode())
+                pid, want_status = _CTRL_FINISH.unpack(msg)
+                st = self.finish(pid, want_status)
+                if want_status:
+                    ctrl.send(b"S" + _CTRL_PID.pack(st))
                 self.fork_idle()
             except OSError:
                 return
@@ -574,15 +580,16 @@ class _CleanServer:
             os.chown(tmpdir, uid, uid)
         za_r, za_w = os.pipe()
         az_r, az_w = os.pipe()
-        req = {**cfg, "tmpdir": tmpdir, "uid": uid, "gid": uid}
+        tmpdir_b = tmpdir.encode()
+        fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _FDS2.pack(za_w, az_r))]
         pid = os.fork()
         if pid == 0:
-            program_main(req, za_r, az_w, self.ctrl.fileno())  # never returns
+            program_main(cfg, tmpdir, uid, za_r, az_w, self.ctrl.fileno())  # never returns
         self.jobs[pid] = (uid, tmpdir)
         os.close(za_r)
         os.close(az_w)
         try:
-            socket.send_fds(self.ctrl, [json.dumps({"idle": pid, "tmpdir": tmpdir}).encode()], [za_w, az_r])
+            self.ctrl.sendmsg([b"I" + _CTRL_PID.pack(pid) + tmpdir_b], fds)
         finally:
             os.close(za_w)
             os.close(az_r)
@@ -687,6 +694,7 @@ def clean_server(ctrl: socket.socket, preload: list[str], cfg: dict) -> None:
     # The first compile() in an interpreter builds the ~120 AST node classes (PyAST_Check -> init_types):
     # done here once, it was a third of each program process's CPU time.
     compile("pass", "<warm-up>", "exec")
+    _STDIO.update(out=_Sink(), err=_Sink(), **{"in": open(0, closefd=False)})  # noqa: SIM115 - fd 0 is /dev/null
     import gc
 
     gc.collect()
@@ -812,28 +820,30 @@ class Scorer:
         return max(0.0, wall - max(0.0, self._waits() - w0))
 
     # ------------------------------------------------------------------ program process management
-    def _ctrl_recv(self) -> tuple[dict, list[int]]:
-        """Next message from C (blocking: C answers at once)."""
+    def _ctrl_recv(self) -> tuple[bytes, int, bytes, list[int]]:
+        """Next message from C (blocking: C answers at once): (kind b"I" or b"S", pid or status, rest, fds)."""
         try:
             msg, fds, _flags, _addr = socket.recv_fds(self.ctrl, 1 << 16, 2)
         except OSError as e:
             raise SystemExit(f"clean fork server is gone: {e}") from e
-        if not msg:
-            raise SystemExit("clean fork server is gone")
-        return json.loads(msg), fds
+        if len(msg) < 9:
+            for fd in fds:
+                os.close(fd)
+            raise SystemExit("clean fork server is gone" if not msg else f"clean fork server sent {msg!r}")
+        return msg[:1], _CTRL_PID.unpack_from(msg, 1)[0], msg[9:], fds
 
     def _spawn(self, first: dict, calls: list, code: bytes = b"") -> None:
         """Take the program process C forked ahead and send it the job (program or its marshalled ``code``,
         CPU limit, planned calls)."""
-        info, fds = self._ctrl_recv()
-        if "idle" not in info or len(fds) != 2:
+        kind, pid, tmpdir, fds = self._ctrl_recv()
+        if kind != b"I" or len(fds) != 2:
             for fd in fds:
                 os.close(fd)
-            raise SystemExit(f"clean fork server sent {info!r}")
+            raise SystemExit(f"clean fork server sent {kind!r} with {len(fds)} fds")
         za_w, az_r = fds
         os.set_blocking(za_w, False)
         os.set_blocking(az_r, False)
-        self.prog = _Program(int(info["idle"]), za_w, az_r, str(info["tmpdir"]))
+        self.prog = _Program(pid, za_w, az_r, tmpdir.decode())
         self._send({**first, "calls": [c[:3] for c in calls]}, code)
         self.inflight.extend(calls)
 
@@ -852,16 +862,15 @@ class Scorer:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         try:
-            self.ctrl.send(json.dumps({"finish": p.pid, "status": want_status}).encode())
+            self.ctrl.send(_CTRL_FINISH.pack(p.pid, want_status))
         except OSError as e:
             raise SystemExit(f"clean fork server is gone: {e}") from e
         if not want_status:
             return None
-        info, fds = self._ctrl_recv()
+        kind, st, _, fds = self._ctrl_recv()
         for fd in fds:
             os.close(fd)
-        st = info.get("status", -1) if isinstance(info, dict) else -1
-        return None if not isinstance(st, int) or st < 0 else st
+        return st if kind == b"S" and st >= 0 else None
 
     # ------------------------------------------------------------------ channel to A
     def _send(self, obj, raw: bytes = b"") -> None:
