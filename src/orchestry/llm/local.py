@@ -48,7 +48,9 @@ def convert_embedded_model(out_dir: str | Path) -> dict:
     quantization config) and the dequantised weights are loaded into it (FACTS.md).
 
     Returns:
-        ``{"parameters": int, "seconds": float, "bytes": int}``.
+        ``{"parameters": int, "seconds": float, "bytes": int, "source": str}``. ``orchestry_model.json`` in
+        ``out_dir`` gets the same without ``seconds``: the folder is a DVC output, and a wall time in it changed
+        its hash on every run, so every re-run of ``prepare`` re-ran the whole pipeline.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -78,7 +80,8 @@ def convert_embedded_model(out_dir: str | Path) -> dict:
         "bytes": size,
         "source": EMBEDDED_NAME,
     }
-    (out_dir / "orchestry_model.json").write_text(json.dumps(info, indent=2))
+    stable = {k: v for k, v in info.items() if k != "seconds"}
+    (out_dir / "orchestry_model.json").write_text(json.dumps(stable, indent=2))
     return info
 
 
