@@ -10,7 +10,14 @@ import mlflow
 from orchestry.llm.local import attach_adapters
 from orchestry.metrics import quarter_comparison
 from orchestry.problems import read_jsonl
-from orchestry.runtime import load_policy, open_sandbox, start_stage, write_json, write_jsonl
+from orchestry.runtime import (
+    load_policy,
+    open_sandbox,
+    stage_inputs_key,
+    start_stage,
+    write_json,
+    write_jsonl,
+)
 from orchestry.tracking import log_metrics, stage_run
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
 
@@ -45,7 +52,17 @@ def main() -> None:
             log_metrics({k: v for k, v in rec.items() if k != "step"}, step=rec["step"])
 
         with open_sandbox(params) as sb:
-            trainer = MAGRPOTrainer(model, tok, problems, sb, cfg, params.sampling, CKPT, on_step=on_step)
+            trainer = MAGRPOTrainer(
+                model,
+                tok,
+                problems,
+                sb,
+                cfg,
+                params.sampling,
+                CKPT,
+                on_step=on_step,
+                resume_key=stage_inputs_key("train_magrpo", params),
+            )
             history = trainer.train()
         shutil.rmtree(ADAPTERS, ignore_errors=True)
         trainer.save_adapters(ADAPTERS)

@@ -153,3 +153,36 @@ def test_checkpoint_resume_reproduces_uninterrupted_run(tmp_path, embedded_token
     for n in pf:
         if "lora_" in n:
             assert torch.allclose(pf[n], pr[n], atol=1e-6), n
+    # a run with other inputs (code, data, params outside cfg: another resume key) starts afresh
+    other = make(tmp_path / "part")
+    other.resume_key = "other inputs"
+    assert other.load_checkpoint() == 0 and other.history == []
+    assert make(tmp_path / "part").load_checkpoint() == 3
+
+
+def test_stage_inputs_key_follows_deps_and_params_of_the_stage(tmp_path, monkeypatch):
+    from orchestry.config import Params
+    from orchestry.runtime import stage_inputs_key
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text("1\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: python code.py\n    deps: [code.py, data]\n    params: [sandbox, sampling.top_p]\n"
+    )
+    p = Params()
+    key = stage_inputs_key("s", p)
+    assert stage_inputs_key("s", p) == key
+    unrelated = p.model_copy(update={"train_magrpo": p.train_magrpo.model_copy(update={"num_steps": 99})})
+    assert stage_inputs_key("s", unrelated) == key
+    other_sandbox = p.model_copy(update={"sandbox": p.sandbox.model_copy(update={"max_timeouts": None})})
+    assert stage_inputs_key("s", other_sandbox) != key
+    other_top_p = p.model_copy(update={"sampling": p.sampling.model_copy(update={"top_p": 0.5})})
+    assert stage_inputs_key("s", other_top_p) != key
+    other_temp = p.model_copy(update={"sampling": p.sampling.model_copy(update={"temperature": 0.1})})
+    assert stage_inputs_key("s", other_temp) == key  # not a param of the stage
+    (tmp_path / "data" / "a.jsonl").write_text("2\n")
+    assert stage_inputs_key("s", p) != key
+    with pytest.raises(KeyError):
+        stage_inputs_key("missing", p)

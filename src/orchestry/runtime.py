@@ -83,3 +83,46 @@ def load_policy(params: Params, with_adapters: str | None = None):
         model.load_adapter(str(root / "main"), adapter_name="main")
     model.eval()
     return model, tok
+
+
+def stage_inputs_key(stage: str, params: Params, dvc_file: str | Path = "dvc.yaml") -> str:
+    """SHA-256 of what a DVC stage reads: its ``deps`` in ``dvc_file`` and its ``params`` sections.
+
+    Files up to 16 MiB are hashed whole; larger ones by size and their first and last MiB (model weights:
+    deterministic outputs of ``prepare``, 0.5 GB). Used as a checkpoint's resume key: a stage re-run because a
+    dependency changed must not resume the previous run's checkpoint.
+
+    Raises:
+        KeyError: ``stage`` is not in ``dvc_file``.
+    """
+    import hashlib
+
+    import yaml
+
+    spec = yaml.safe_load(Path(dvc_file).read_text())["stages"][stage]
+    h = hashlib.sha256()
+    sections = [p if isinstance(p, str) else next(iter(p)) for p in spec.get("params", [])]
+    dumped = params.model_dump(mode="json")
+    for name in sorted(sections):
+        value = dumped
+        for part in name.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        h.update(json.dumps([name, value], sort_keys=True).encode())
+    for dep in sorted(spec.get("deps", [])):
+        root = Path(dep)
+        files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else [root]
+        for f in files:
+            h.update(str(f).encode())
+            if not f.exists():
+                h.update(b"<missing>")
+                continue
+            size = f.stat().st_size
+            h.update(str(size).encode())
+            with open(f, "rb") as fh:
+                if size <= 16 << 20:
+                    h.update(fh.read())
+                else:
+                    h.update(fh.read(1 << 20))
+                    fh.seek(-(1 << 20), 2)
+                    h.update(fh.read())
+    return h.hexdigest()

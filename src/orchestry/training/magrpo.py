@@ -91,6 +91,9 @@ class MAGRPOTrainer:
         reward_fn: ``(problems, helper_texts, main_texts) -> list[LevelReward]``; default: the level reward
             (:func:`orchestry.rewards.code.level_rewards`) run in ``sandbox``.
         micro_batch_tokens_limit: tokens per training micro-batch (None: sized to the memory available).
+        resume_key: fingerprint of the run's other inputs (code, data, params beyond ``cfg``); a checkpoint is
+            resumed only when its key and ``cfg`` (except ``num_steps``) are the same, so an interrupted run
+            resumes while a run whose inputs changed starts afresh.
     """
 
     model: object
@@ -105,6 +108,7 @@ class MAGRPOTrainer:
     history: list[dict] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)
     micro_batch_tokens_limit: int | None = None
+    resume_key: str = ""
 
     def __post_init__(self):
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -381,7 +385,14 @@ class MAGRPOTrainer:
         }
         torch.save(state, tmp / "state.pt")
         (tmp / "trainer.json").write_text(
-            json.dumps({"next_step": next_step, "config": self.cfg.model_dump(), "history": self.history})
+            json.dumps(
+                {
+                    "next_step": next_step,
+                    "config": self.cfg.model_dump(),
+                    "resume_key": self.resume_key,
+                    "history": self.history,
+                }
+            )
         )
         with open(tmp / "samples.jsonl", "w") as f:
             for s in self.samples:
@@ -398,9 +409,10 @@ class MAGRPOTrainer:
         same = {k: v for k, v in info["config"].items() if k != "num_steps"} == {
             k: v for k, v in self.cfg.model_dump().items() if k != "num_steps"
         }
-        if not same:
+        if not same or info.get("resume_key", "") != self.resume_key:
             log.warning(
-                "checkpoint in %s was made with other params; starting from scratch", self.checkpoint_dir
+                "checkpoint in %s was made with other params, code or data; starting from scratch",
+                self.checkpoint_dir,
             )
             return 0
         state = torch.load(self.checkpoint_dir / "state.pt", weights_only=False)
