@@ -99,6 +99,27 @@ def test_load_failures_fail_every_assert(sb, program, expected):
     assert all(r == res.error for r in reasons(res))
 
 
+@pytest.mark.parametrize(
+    ("program", "reason"),
+    [
+        ("x = " + "(" * 10000 + "1" + ")" * 10000, "SyntaxError: too many nested parentheses"),
+        ("x = " + "-" * 200000 + "1", "MemoryError"),
+        (
+            "x = " + "+".join(["1"] * 200000),
+            "RecursionError: maximum recursion depth exceeded during compilation",
+        ),
+    ],
+    ids=["nested_parentheses", "deep_unary", "long_sum"],
+)
+def test_programs_that_break_the_compiler_fail_to_load_and_the_scorer_survives(sb, program, reason):
+    assert sb.run(Job(ADD, ("assert add(1, 2) == 3",))).passed == 1  # the pool is up
+    scorers = [w.proc.pid for w in sb._workers]
+    res = sb.run(Job(program + "\n" + ADD, ("assert add(1, 2) == 3",)))
+    assert res.error.startswith("program failed to load: " + reason), res.error
+    assert [w.proc.pid for w in sb._workers] == scorers  # compiled in the scorer, which was not replaced
+    assert sb.run(Job(ADD, ("assert add(1, 2) == 3",))).passed == 1
+
+
 def test_a_large_program_compiled_by_the_program_process_runs(sb):
     prog = "s = '" + "a" * (1 << 20) + "'\ndef size():\n    return len(s)\n"
     res = sb.run(Job(prog, ("assert size() == 2**20",)))
