@@ -99,6 +99,8 @@ def stage_inputs_key(stage: str, params: Params, dvc_file: str | Path = "dvc.yam
 
     import yaml
 
+    from orchestry.fingerprint import update_with_head_and_tail
+
     spec = yaml.safe_load(Path(dvc_file).read_text())["stages"][stage]
     h = hashlib.sha256()
     sections = [p if isinstance(p, str) else next(iter(p)) for p in spec.get("params", [])]
@@ -118,11 +120,8 @@ def stage_inputs_key(stage: str, params: Params, dvc_file: str | Path = "dvc.yam
                 continue
             size = f.stat().st_size
             h.update(str(size).encode())
-            with open(f, "rb") as fh:
-                if size <= 16 << 20:
-                    h.update(fh.read())
-                else:
-                    h.update(fh.read(1 << 20))
-                    fh.seek(-(1 << 20), 2)
-                    h.update(fh.read())
+            if size <= 16 << 20:
+                h.update(f.read_bytes())
+            else:
+                update_with_head_and_tail(h, f, size)
     return h.hexdigest()

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from orchestry.fingerprint import update_with_head_and_tail
 from orchestry.llm.cost import FREE, Price
 
 log = logging.getLogger("orchestry.llm.backends")
@@ -464,10 +465,7 @@ def _weights_fingerprint(path: Path) -> str:
         elif f.suffix in (".safetensors", ".bin"):
             size = f.stat().st_size
             h.update(f"{f.name}:{size}".encode())
-            with open(f, "rb") as fh:
-                h.update(fh.read(1 << 20))
-                fh.seek(max(0, size - (1 << 20)))
-                h.update(fh.read(1 << 20))
+            update_with_head_and_tail(h, f, size)
     return h.hexdigest()[:16]
 
 
