@@ -61,7 +61,8 @@ def main() -> None:
                 params.sampling,
                 CKPT,
                 on_step=on_step,
-                resume_key=stage_inputs_key("train_magrpo", params),
+                # the trainer compares its own params (train_magrpo) itself: a larger num_steps resumes
+                resume_key=stage_inputs_key("train_magrpo", params, exclude=["train_magrpo"]),
             )
             history = trainer.train()
         shutil.rmtree(ADAPTERS, ignore_errors=True)

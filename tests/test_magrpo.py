@@ -184,5 +184,8 @@ def test_stage_inputs_key_follows_deps_and_params_of_the_stage(tmp_path, monkeyp
     assert stage_inputs_key("s", other_temp) == key  # not a param of the stage
     (tmp_path / "data" / "a.jsonl").write_text("2\n")
     assert stage_inputs_key("s", p) != key
+    assert stage_inputs_key("s", other_sandbox, exclude=["sandbox"]) == stage_inputs_key(
+        "s", p, exclude=["sandbox"]
+    )
     with pytest.raises(KeyError):
         stage_inputs_key("missing", p)

@@ -85,8 +85,11 @@ def load_policy(params: Params, with_adapters: str | None = None):
     return model, tok
 
 
-def stage_inputs_key(stage: str, params: Params, dvc_file: str | Path = "dvc.yaml") -> str:
-    """SHA-256 of what a DVC stage reads: its ``deps`` in ``dvc_file`` and its ``params`` sections.
+def stage_inputs_key(
+    stage: str, params: Params, dvc_file: str | Path = "dvc.yaml", exclude: Iterable[str] = ()
+) -> str:
+    """SHA-256 of what a DVC stage reads: its ``deps`` in ``dvc_file`` and its ``params`` sections except
+    ``exclude`` (e.g. the section a trainer compares itself).
 
     Files up to 16 MiB are hashed whole; larger ones by size and their first and last MiB (model weights:
     deterministic outputs of ``prepare``, 0.5 GB). Used as a checkpoint's resume key: a stage re-run because a
@@ -103,7 +106,9 @@ def stage_inputs_key(stage: str, params: Params, dvc_file: str | Path = "dvc.yam
 
     spec = yaml.safe_load(Path(dvc_file).read_text())["stages"][stage]
     h = hashlib.sha256()
+    skip = set(exclude)
     sections = [p if isinstance(p, str) else next(iter(p)) for p in spec.get("params", [])]
+    sections = [s for s in sections if s not in skip]
     dumped = params.model_dump(mode="json")
     for name in sorted(sections):
         value = dumped
