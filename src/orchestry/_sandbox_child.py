@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import itertools
 import json
 import marshal
 import os
@@ -90,6 +91,7 @@ _NO_IMPORT = frozenset(
 )
 _SIGNAMES = {int(s): s.name for s in signal.Signals}
 _EXIT_SETUP, _EXIT_CHANNEL = 70, 72  # exit codes of a program process that could not talk to the scorer
+_TIMEOUT = "timeout after"  # reason of a unit (or load) that ran out of time: f"{_TIMEOUT} {limit}s"
 # Programs up to this size (characters) are compiled by the scorer, which sends the program process the code
 # object (marshal) instead of the source; a program that does not compile never needs a program process.
 # Larger ones are compiled by the program process itself, under its limits.
@@ -675,10 +677,9 @@ def _warm_typing() -> None:
     Python code in every program process (measured: a program with two annotated functions 0.51 -> 0.19 ms,
     page faults 117 -> 55).
     """
-    typing = sys.modules.get("typing")
-    if typing is None:
+    t = sys.modules.get("typing")
+    if t is None:
         return
-    t = typing
     scalars = (int, float, str, bool, t.Any)
     with contextlib.suppress(Exception):
         for x in scalars:
@@ -859,6 +860,22 @@ class Scorer:
         return max(0.0, wall - max(0.0, self._waits() - w0))
 
     # ------------------------------------------------------------------ program process management
+    def _ctrl_next(self, kind: bytes) -> tuple[int, bytes, list[int]]:
+        """Next message of ``kind`` from C: b"I" (an idle program process: pid, tmpdir, its 2 fds; announced
+        ones are queued in ``self.idle``) or b"S" (a wait status: status, b"", []; idle announcements that
+        arrive first are queued)."""
+        if kind == b"I" and self.idle:
+            return self.idle.popleft()
+        while True:
+            got, value, rest, fds = self._ctrl_recv()
+            if got == kind:
+                return value, rest, fds
+            if got != b"I" or len(fds) != 2:
+                for fd in fds:
+                    os.close(fd)
+                raise SystemExit(f"clean fork server sent {got!r} with {len(fds)} fds, expected {kind!r}")
+            self.idle.append((value, rest, fds))
+
     def _ctrl_recv(self) -> tuple[bytes, int, bytes, list[int]]:
         """Next message from C (blocking: C answers at once): (kind b"I" or b"S", pid or status, rest, fds)."""
         try:
@@ -874,15 +891,11 @@ class Scorer:
     def _spawn(self, first: dict, calls: list, code: bytes = b"") -> None:
         """Take the program process C forked ahead and send it the job (program or its marshalled ``code``,
         CPU limit, planned calls)."""
-        if self.idle:
-            pid, tmpdir, fds = self.idle.popleft()
-            kind = b"I"
-        else:
-            kind, pid, tmpdir, fds = self._ctrl_recv()
-        if kind != b"I" or len(fds) != 2:
+        pid, tmpdir, fds = self._ctrl_next(b"I")
+        if len(fds) != 2:
             for fd in fds:
                 os.close(fd)
-            raise SystemExit(f"clean fork server sent {kind!r} with {len(fds)} fds")
+            raise SystemExit(f"clean fork server announced a program process with {len(fds)} fds")
         za_w, az_r = fds
         os.set_blocking(za_w, False)
         os.set_blocking(az_r, False)
@@ -910,14 +923,10 @@ class Scorer:
             raise SystemExit(f"clean fork server is gone: {e}") from e
         if not want_status:
             return None
-        while True:
-            kind, st, rest, fds = self._ctrl_recv()
-            if kind != b"I":
-                break
-            self.idle.append((st, rest, fds))  # an idle announcement queued before the status
+        st, _, fds = self._ctrl_next(b"S")
         for fd in fds:
             os.close(fd)
-        return st if kind == b"S" and st >= 0 else None
+        return st if st >= 0 else None
 
     # ------------------------------------------------------------------ channel to A
     def _send(self, obj, raw: bytes = b"") -> None:
@@ -1059,7 +1068,7 @@ class Scorer:
             reply = self._recv()
         except _UnitTimeout:
             self.kill_program()
-            return None, f"timeout after {timeout}s"
+            return None, f"{_TIMEOUT} {timeout}s"
         except _ProgramGone as e:
             self.kill_program()
             return None, str(e)
@@ -1149,7 +1158,7 @@ class Scorer:
                 )
                 if base is None:
                     outcomes.append([False, f"program failed to load: {err}", 0.0])
-                    timeouts += err.startswith("timeout after")
+                    timeouts += err.startswith(_TIMEOUT)
                     i += 1
                     continue
             elif not self.inflight and i != unplanned:
@@ -1173,7 +1182,7 @@ class Scorer:
             ):  # planned calls the unit did not make: start afresh
                 self.kill_program()
             outcomes.append(list(outcome))
-            timeouts += outcome[1].startswith("timeout after")
+            timeouts += outcome[1].startswith(_TIMEOUT)
             i += 1
         self.kill_program()
         return {"o": outcomes, "e": ""}
@@ -1207,7 +1216,7 @@ class Scorer:
         except _Desync:
             raise
         except _UnitTimeout:
-            reason, restart = f"timeout after {timeout}s", True
+            reason, restart = f"{_TIMEOUT} {timeout}s", True
         except _ProgramGone as e:
             reason, restart = str(e), True
         except AssertionError as e:
@@ -1345,14 +1354,13 @@ def _stdlib_module(name: str):
         return None
 
 
-_DIR_COUNT = [0]
+_DIR_SEQ = itertools.count(1)
 
 
 def _mkdtemp(root: str) -> str:
     """A new private (0700) directory under ``root``: ``job-<pid>-<n>``, unique per fork server."""
     while True:
-        _DIR_COUNT[0] += 1
-        path = f"{root}/job-{os.getpid()}-{_DIR_COUNT[0]}"
+        path = f"{root}/job-{os.getpid()}-{next(_DIR_SEQ)}"
         try:
             os.mkdir(path, 0o700)
             return path
