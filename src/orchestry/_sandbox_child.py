@@ -26,6 +26,7 @@ import itertools
 import json
 import marshal
 import os
+import random
 import resource
 import select
 import signal
@@ -34,6 +35,7 @@ import struct
 import sys
 import time
 from collections import deque
+from keyword import iskeyword as _iskeyword
 
 _LEN = struct.Struct(">I")
 _CTRL_PID = struct.Struct("<q")  # C <-> Z control messages (see _CleanServer)
@@ -85,9 +87,30 @@ PRELOAD_FULL = PRELOAD_SMALL + [
     "unicodedata",
     "encodings.idna",
 ]
-# stdlib modules the scorer will never import on a program's behalf (side effects on import).
-_NO_IMPORT = frozenset(
-    {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "webbrowser", "pydoc"}
+# Modules a program's globals may bind in the tests' namespace (``import math`` in a HumanEval prompt, used by its
+# test). The scorer imports exactly these itself, once, before any job; a program's load report only *names* one
+# of them and the scorer looks the name up in this fixed table: it never imports (or evaluates) anything a program
+# names or writes. Any other module global is left out of the test namespace.
+TEST_MODULES = (
+    "bisect",
+    "cmath",
+    "collections",
+    "copy",
+    "datetime",
+    "decimal",
+    "fractions",
+    "functools",
+    "hashlib",
+    "heapq",
+    "itertools",
+    "json",
+    "math",
+    "operator",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "typing",
 )
 _SIGNAMES = {int(s): s.name for s in signal.Signals}
 _EXIT_SETUP, _EXIT_CHANNEL = 70, 72  # exit codes of a program process that could not talk to the scorer
@@ -233,6 +256,76 @@ def decode(v):
     raise ValueError(f"bad value type {t.__name__}")
 
 
+class _Decoder:
+    """Scorer-side :func:`decode` for values a program sent: at most ``max_nodes`` values in all, and the
+    clock is checked while decoding (raises ``_UnitTimeout`` past ``deadline``, a ``time.monotonic()`` value).
+    Sets and dict keys are inserted one at a time with a clock check each, so that values built to collide in
+    a hash table (quadratic insertion) cannot hold the scorer past the unit's time. Raises ValueError for
+    anything :func:`encode` does not produce or a value over the node budget."""
+
+    __slots__ = ("deadline", "left", "n")
+
+    def __init__(self, deadline: float, max_nodes: int) -> None:
+        self.deadline = deadline
+        self.left = max_nodes
+        self.n = 0
+
+    def _tick(self, clock: bool = False) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise ValueError("value has too many parts")
+        self.n += 1
+        if (clock or not self.n & 255) and time.monotonic() > self.deadline:
+            raise _UnitTimeout()
+
+    def decode(self, v):
+        self._tick()
+        t = type(v)
+        if t is str or t is int or t is float or t is bool or v is None:
+            return v
+        if t is list:
+            return [self.decode(e) for e in v]
+        if t is not dict or len(v) != 1:
+            raise ValueError("bad value")
+        ((tag, p),) = v.items()
+        if tag in ("i", "b", "y") and type(p) is str:
+            if len(p) > 1 << 22:
+                raise ValueError("value too large")
+            return int(p, 16) if tag == "i" else bytes.fromhex(p) if tag == "b" else bytearray.fromhex(p)
+        if type(p) is not list:
+            raise ValueError("bad tagged value")
+        if tag == "t":
+            return tuple(self.decode(e) for e in p)
+        if tag == "d":
+            out: dict = {}
+            self.fill_dict(out, p)
+            return out
+        if tag in ("s", "f"):
+            out_s: set = set()
+            self.fill_set(out_s, p)
+            return out_s if tag == "s" else frozenset(out_s)
+        if tag == "c" and len(p) == 2 and all(type(e) in (int, float) for e in p):
+            return complex(p[0], p[1])
+        raise ValueError(f"bad tag {str(tag)[:20]!r}")
+
+    def fill_set(self, out: set, items: list, decoded: bool = False) -> None:
+        add = out.add
+        for e in items:
+            self._tick(True)
+            add(e if decoded else self.decode(e))
+
+    def fill_dict(self, out: dict, items, decoded: bool = False) -> None:
+        for kv in items:
+            self._tick(True)
+            if decoded:
+                k, val = kv
+            else:
+                if type(kv) is not list or len(kv) != 2:
+                    raise ValueError("bad dict item")
+                k, val = self.decode(kv[0]), self.decode(kv[1])
+            out[k] = val
+
+
 def _short(text: str, n: int = 300) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= n else text[: n - 3] + "..."
@@ -278,11 +371,30 @@ class _Sink:
 _STDIO: dict = {}
 
 
+_HIDDEN_INODES: set[tuple[int, int]] = set()  # (st_dev, st_ino) of hidden files and directories, filled by C
+
+
+def _hidden_inodes(paths) -> set[tuple[int, int]]:
+    """(device, inode) of each hidden directory and of every file under it (as seen by C at start-up)."""
+    out = set()
+    for top in paths or ():
+        with contextlib.suppress(OSError):
+            for d, _dirs, files in os.walk(top):
+                for x in (d, *(f"{d}/{f}" for f in files)):
+                    st = os.stat(x)
+                    out.add((st.st_dev, st.st_ino))
+    return out
+
+
 def _make_audit_hook(tmpdir: str):
     """Audit hook for A (PEP 578; cannot be removed once added). Refuses: process creation, sockets, ctypes,
-    symlinks/hard links, and file-system writes outside ``tmpdir`` (plain paths only; anything else is
-    refused). Everything it uses is bound here, so later monkeypatching by the program cannot change it."""
+    symlinks/hard links, file-system writes outside ``tmpdir`` (plain paths only; anything else is refused),
+    relative ``os.open`` (its ``dir_fd`` is not part of the event) and opening a hidden file or directory
+    (:data:`_HIDDEN_INODES`: compared by inode, so no spelling or symlink of the path gets through).
+    Everything it uses is bound here, so later monkeypatching by the program cannot change it."""
     getcwd = os.getcwd
+    stat = os.stat
+    hidden = frozenset(_HIDDEN_INODES)
     wflags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     root = tmpdir.rstrip("/")
     blocked = frozenset(
@@ -355,14 +467,19 @@ def _make_audit_hook(tmpdir: str):
                 raise ImportErr(f"blocked by sandbox: import {args[0]}")  # ImportError: optional users cope
             return
         if event == "open":
+            p = args[0] if args else None
+            tp = type(p)
+            if tp is _str or tp is _bytes:
+                if len(args) >= 2 and args[1] is None and not p.startswith("/" if tp is _str else b"/"):
+                    raise PermissionErr("blocked by sandbox: relative os.open")
+                if hidden:
+                    try:
+                        st = stat(p)
+                    except (OSError, ValueError):
+                        st = None
+                    if st is not None and (st.st_dev, st.st_ino) in hidden:
+                        raise PermissionErr("blocked by sandbox: hidden file")
             if len(args) >= 3 and type(args[2]) is _int and args[2] & wflags:
-                p = args[0]
-                if (
-                    args[1] is None
-                    and type(p) in (_str, _bytes)
-                    and not p.startswith("/" if type(p) is _str else b"/")
-                ):
-                    raise PermissionErr("blocked by sandbox: relative os.open for writing")
                 if not inside(p):
                     raise PermissionErr("blocked by sandbox: write outside the sandbox directory")
             return
@@ -549,7 +666,10 @@ class _CleanServer:
         for _ in range(IDLE_AHEAD):
             self.fork_idle()
         while True:
-            self.reap()
+            try:
+                self.reap()
+            except Exception:  # noqa: BLE001 - one job's clean-up must not end the fork server
+                pass
             if self.killed:  # reap killed program processes promptly even when no request comes
                 r, _, _ = select.select([ctrl], [], [], 0.02)
                 if not r:
@@ -725,6 +845,7 @@ def clean_server(ctrl: socket.socket, preload: list[str], cfg: dict) -> None:
     for name in preload:
         with contextlib.suppress(Exception):
             __import__(name)
+    _HIDDEN_INODES.update(_hidden_inodes(cfg.get("hidden")))
     _prctl(36)  # PR_SET_CHILD_SUBREAPER: orphans of program processes come back to C
     # The first compile() in an interpreter builds the ~120 AST node classes (PyAST_Check -> init_types):
     # done here once, it was a third of each program process's CPU time.
@@ -758,10 +879,17 @@ class RemoteError(Exception):
     """An exception raised by program code that has no built-in counterpart (message ``Type: text``)."""
 
 
+# Program exceptions re-raised in the tests as the built-in type of the same name, except those that act as
+# control flow in the harness: StopIteration would end a test's ``map``/``filter``/``zip`` early (``all(map(
+# candidate, xs))`` would pass for a function that raises it); they come back as RemoteError.
+_CONTROL_FLOW = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit"})
 _REMOTE_OK = {
     name: cls
     for name, cls in vars(builtins).items()
-    if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins"
+    if isinstance(cls, type)
+    and issubclass(cls, Exception)
+    and cls.__module__ == "builtins"
+    and name not in _CONTROL_FLOW
 }
 
 
@@ -819,6 +947,7 @@ class Scorer:
         self.unit_clock: tuple[float, float, float] | None = None  # (t0, wait0, timeout)
         self.wall_factor = float(cfg.get("wall_factor", 10.0))
         self.max_msg = int(cfg.get("max_message_bytes", 32 << 20))
+        self.max_nodes = int(cfg.get("max_value_nodes", 1 << 20))
         self.compiled: dict[str, object] = {}
         self.inflight: deque = deque()  # planned calls sent ahead to A, replies pending, in order
         self.idle: deque = deque()  # program processes announced by C, not yet used: (pid, tmpdir, fds)
@@ -848,6 +977,10 @@ class Scorer:
         if wall < limit:
             return limit - wall
         return limit - (wall - max(0.0, self._waits() - w0))
+
+    def _deadline(self) -> float:
+        """``time.monotonic()`` value at which the current unit runs out of (effective) time."""
+        return time.monotonic() + max(0.0, self._remaining())
 
     def _start_clock(self, limit: float) -> None:
         self.unit_clock = (time.monotonic(), self._waits(), limit)
@@ -1021,10 +1154,14 @@ class Scorer:
             if type(reply) is not dict:
                 raise ValueError("reply is not an object")
             if "ok" in reply:
-                value = decode(reply["ok"])
-                for item in reply.get("post", ()):
+                dec = _Decoder(self._deadline(), self.max_nodes)
+                value = dec.decode(reply["ok"])
+                post = reply.get("post", [])
+                if type(post) is not list or len(post) > len(args):
+                    raise ValueError("bad mutation list")
+                for item in post:
                     i, after = item
-                    _apply_mutation(args[i], decode(after))
+                    _apply_mutation(args[i], dec.decode(after), dec)
                 return value
             if "unplain" in reply:
                 what = reply["unplain"]
@@ -1077,19 +1214,25 @@ class Scorer:
             return None, _short(str(reply["load_error"]))
         try:
             info = reply["loaded"]
-            base: dict = {"__builtins__": builtins, "__name__": "__sandbox_test__"}
+            dec = _Decoder(self._deadline(), self.max_nodes)
+            base: dict = {}
             for name in info["f"]:
-                if type(name) is str and name.isidentifier() and name not in _BUILTIN_NAMES:
+                if _bindable(name):
                     base[name] = _Remote(name, self)
             for name, modname in info["m"]:
-                if type(name) is str and name.isidentifier() and name not in _BUILTIN_NAMES:
-                    mod = _stdlib_module(str(modname))
-                    if mod is not None:
-                        base[name] = mod
+                mod = _test_module(modname)
+                if mod is not None and _bindable(name):
+                    base[name] = mod
             for name, e in info["v"]:
-                if type(name) is str and name.isidentifier() and name not in _BUILTIN_NAMES:
-                    base[name] = decode(e)
-        except (KeyError, TypeError, ValueError, RecursionError):
+                if _bindable(name):
+                    base[name] = dec.decode(e)
+            # the scorer's own builtins and module name, whatever the report said
+            base["__builtins__"] = builtins
+            base["__name__"] = "__sandbox_test__"
+        except _UnitTimeout:
+            self.kill_program()
+            return None, f"{_TIMEOUT} {timeout}s (decoding the program's globals)"
+        except (KeyError, TypeError, ValueError, RecursionError, MemoryError):
             self.kill_program()
             return None, "program sent a malformed load report"
         return base, ""
@@ -1200,8 +1343,6 @@ class Scorer:
 
     def _unit(self, base: dict, setup_code, code, timeout: float) -> tuple[bool, str, float]:
         """Run setup (+ one assert unit) in a fresh namespace. Returns (passed, reason, effective seconds)."""
-        import random
-
         ns = dict(base)
         random.seed(0)
         self._start_clock(timeout)
@@ -1253,7 +1394,7 @@ def _plan(setup: str, unit: str) -> list | None:
     key = (setup, unit)
     if key in _PLANS:
         return _PLANS[key]
-    import ast  # imported here: the scorer forks the fork server before any job, and it need not carry ast
+    import ast  # imported by the scorer at start-up, after forking the fork server (which need not carry it)
 
     conditional = (
         ast.BoolOp,
@@ -1332,26 +1473,50 @@ def _remote_exception(tname: str, msg: str) -> BaseException:
     return RemoteError(f"{tname}: {msg}" if msg else tname)
 
 
-def _apply_mutation(arg, after) -> None:
-    """Reflect, on the scorer's argument object, an in-place change the program made to its copy."""
+def _apply_mutation(arg, after, dec: _Decoder) -> None:
+    """Reflect, on the scorer's argument object, an in-place change the program made to its copy (the new
+    value must have the argument's type; sets and dicts are refilled one item at a time under the clock)."""
     t = type(arg)
+    if type(after) is not t:
+        raise ValueError("mutation changes the argument's type")
     if t is list or t is bytearray:
         arg[:] = after
-    elif t is dict or t is set:
+    elif t is dict:
         arg.clear()
-        arg.update(after)
+        dec.fill_dict(arg, list(after.items()), decoded=True)
+    elif t is set:
+        arg.clear()
+        dec.fill_set(arg, list(after), decoded=True)
 
 
-def _stdlib_module(name: str):
-    top = name.split(".")[0]
-    if not name or top not in sys.stdlib_module_names or top in _NO_IMPORT:
-        return None
-    try:
-        import importlib
+_TEST_MODULE_OBJECTS: dict[str, object] = {}
 
-        return importlib.import_module(name)
-    except Exception:  # noqa: BLE001
-        return None
+
+def _import_test_modules() -> None:
+    """Import :data:`TEST_MODULES` in the scorer (at start-up, before any job: no program exists yet)."""
+    import importlib
+
+    for name in TEST_MODULES:
+        with contextlib.suppress(Exception):
+            _TEST_MODULE_OBJECTS[name] = importlib.import_module(name)
+
+
+def _test_module(name: str):
+    """The scorer's own module object for ``name`` if it is in the fixed allow-list, else None. No import."""
+    return _TEST_MODULE_OBJECTS.get(name) if type(name) is str else None
+
+
+def _bindable(name) -> bool:
+    """May a program's global named ``name`` be bound in the tests' namespace? Not a builtin's name, not a
+    keyword, not a dunder (``__builtins__``, ``__name__``...): the tests always run under the scorer's own
+    builtins."""
+    return (
+        type(name) is str
+        and name.isidentifier()
+        and not (name.startswith("__") and name.endswith("__"))
+        and name not in _BUILTIN_NAMES
+        and not _iskeyword(name)
+    )
 
 
 _DIR_SEQ = itertools.count(1)
@@ -1369,12 +1534,30 @@ def _mkdtemp(root: str) -> str:
 
 
 def _rmtree(path: str) -> None:
-    try:
-        os.rmdir(path)  # the usual case: the program left nothing behind
-    except OSError:
-        import shutil
+    """Remove a program's directory whatever it left there (any depth, modes, symlinks, fifos). Never raises.
 
-        shutil.rmtree(path, ignore_errors=True)
+    The usual case (nothing left) is one rmdir. Otherwise ``rm -rf --one-file-system`` does it: it neither
+    follows symlinks nor recurses on the C stack (a 1,500-level tree made Python's ``shutil.rmtree`` raise
+    RecursionError); Python's rmtree is the fallback where there is no ``rm``."""
+    try:
+        os.rmdir(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    try:
+        for rm in ("/bin/rm", "/usr/bin/rm"):
+            if os.path.exists(rm):
+                pid = os.posix_spawn(rm, ["rm", "-rf", "--one-file-system", "--", path], {"PATH": "/bin"})
+                os.waitpid(pid, 0)
+                break
+        if os.path.lexists(path):
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+    except BaseException:  # noqa: BLE001 - the fork server must survive any tree
+        pass
 
 
 def _new_uid() -> int:
@@ -1393,9 +1576,145 @@ def _prctl(option: int, arg: int = 1) -> bool:
         del libc
     except Exception:  # noqa: BLE001
         pass
+    _drop_ctypes()
+    return ok
+
+
+# ------------------------------------------------------------------------------ least privilege
+#: uid/gid the scorer runs as after forking the fork server (programs get fresh uids from 1,000,000 up).
+SCORER_UID = 999_999
+# System calls refused (EPERM) to the scorer, the fork server and every program process, by a seccomp filter
+# the scorer installs on itself before forking (inherited, cannot be removed): anonymous memory files
+# (``memfd_create`` buffers are not counted by RLIMIT_AS), device/fifo nodes (``mknod`` leaves files the audit
+# hook cannot see), tracing and reading other processes, mounting and namespaces, keyrings, BPF, io_uring,
+# userfaultfd. ``clone3`` answers ENOSYS (the C library then uses ``clone``, whose namespace flags are refused).
+_SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_SECCOMP_DENY = {
+    "x86_64": (101, 133, 155, 161, 165, 166, 175, 246, 248, 249, 250, 259, 272, 298, 303, 304, 308, 310, 311,
+               313, 319, 320, 321, 323, 425, 426, 427, 428, 429, 430, 431, 432, 433, 438, 447),
+    "aarch64": (33, 39, 40, 41, 51, 97, 104, 105, 117, 217, 218, 219, 241, 264, 265, 268, 270, 271, 273, 279,
+                280, 282, 294, 425, 426, 427, 428, 429, 430, 431, 432, 433, 438, 447),
+}  # fmt: skip
+_SECCOMP_CLONE = {"x86_64": (56, 435), "aarch64": (220, 435)}
+_CLONE_NS_FLAGS = 0x7E020080  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
+
+
+def _seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """Classic BPF for ``seccomp(SECCOMP_MODE_FILTER)``: (code, jt, jf, k) per instruction."""
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    clone, clone3 = _SECCOMP_CLONE[machine]
+    deny = _SECCOMP_DENY[machine]
+    # labels resolved below: "deny", "enosys", "clone"
+    body: list = [(ld, 0, 0, 4), (jeq, 1, 0, _SECCOMP_ARCH[machine]), (ret, 0, 0, eperm), (ld, 0, 0, 0)]
+    if machine == "x86_64":
+        body.append((jge, "deny", 0, 0x40000000))  # the x32 ABI
+    body.append((jeq, "enosys", 0, clone3))
+    body.append((jeq, "clone", 0, clone))
+    body.extend((jeq, "deny", 0, nr) for nr in deny)
+    body.append((ret, 0, 0, allow))
+    labels = {"clone": len(body)}
+    body.extend([(ld, 0, 0, 16), (jset, "deny", 0, _CLONE_NS_FLAGS), (ret, 0, 0, allow)])
+    labels["deny"] = len(body)
+    body.append((ret, 0, 0, eperm))
+    labels["enosys"] = len(body)
+    body.append((ret, 0, 0, enosys))
+    out = []
+    for i, (code, jt, jf, k) in enumerate(body):
+        if isinstance(jt, str):
+            jt = labels[jt] - i - 1
+        out.append((code, jt, jf, k))
+    return out
+
+
+def _install_seccomp() -> str:
+    """Install the filter above on this process (inherited by every later child). Returns "" or why not."""
+    machine = os.uname().machine
+    if machine not in _SECCOMP_ARCH:
+        return f"no seccomp filter: architecture {machine} not supported"
+    try:
+        import ctypes
+
+        class Filter(ctypes.Structure):
+            _fields_ = [
+                ("code", ctypes.c_ushort),
+                ("jt", ctypes.c_ubyte),
+                ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint32),
+            ]
+
+        class Prog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+        ins = _seccomp_program(machine)
+        arr = (Filter * len(ins))(*[Filter(*x) for x in ins])
+        prog = Prog(len(ins), ctypes.cast(arr, ctypes.POINTER(Filter)))
+        libc = ctypes.CDLL(None, use_errno=True)
+        ok = libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        err = ctypes.get_errno()
+        del libc, arr, prog
+    except Exception as e:  # noqa: BLE001
+        ok, err = False, str(e)
+    finally:
+        _drop_ctypes()
+    return "" if ok else f"no seccomp filter: prctl failed ({err})"
+
+
+def _drop_ctypes() -> None:
     for mod in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
         del sys.modules[mod]
-    return ok
+
+
+def _private_mounts(hidden: list[str]) -> str:
+    """Process isolation as root (no bubblewrap): a private mount namespace for the scorer, its fork server
+    and every program process, in which ``hidden`` directories (reference solutions shipped with packages) are
+    covered by empty read-only tmpfs mounts and /proc is a new procfs with ``hidepid=2`` (a program sees only
+    its own processes: not the command lines naming the problems file). Returns "" or why not."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mount.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_ulong,
+            ctypes.c_char_p,
+        ]
+        if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+            return f"no private mounts: unshare failed (errno {ctypes.get_errno()})"
+        if libc.mount(b"none", b"/", None, 0x40000 | 0x4000, None) != 0:  # MS_PRIVATE | MS_REC
+            return f"no private mounts: cannot make / private (errno {ctypes.get_errno()})"
+        notes = []
+        for h in hidden:
+            if libc.mount(b"tmpfs", h.encode(), b"tmpfs", 0x1 | 0x2 | 0x4 | 0x8, b"size=4k,mode=0555") != 0:
+                notes.append(f"cannot hide {h} (errno {ctypes.get_errno()})")
+        opts = f"hidepid=2,gid={SCORER_UID}".encode()
+        if libc.mount(b"proc", b"/proc", b"proc", 0x2 | 0x4 | 0x8, opts) != 0:  # nosuid,nodev,noexec
+            notes.append(f"cannot mount /proc with hidepid (errno {ctypes.get_errno()})")
+        del libc
+        return "; ".join(notes)
+    except Exception as e:  # noqa: BLE001
+        return f"no private mounts: {e}"
+    finally:
+        _drop_ctypes()
+
+
+def _drop_scorer_privileges(memory_mb: int) -> str:
+    """The scorer gives up root (all capabilities) for :data:`SCORER_UID` and limits its own address space.
+    Returns "" or why not."""
+    notes = ""
+    if os.geteuid() == 0:
+        try:
+            os.setgroups([])
+            os.setgid(SCORER_UID)
+            os.setuid(SCORER_UID)
+        except OSError as e:
+            notes = f"scorer kept its uid: {e}"
+    with contextlib.suppress(ValueError, OSError):
+        lim = int(memory_mb) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+    return notes
 
 
 def main() -> None:
@@ -1409,7 +1728,12 @@ def main() -> None:
         cfg = read_msg_blocking(rfd)
     except ChannelClosed:
         return
+    os.chdir("/")  # the scorer's working directory: nothing a program can write
     _prctl(38)  # PR_SET_NO_NEW_PRIVS, inherited by C and every A: no setuid binary can regain privileges
+    notes = []
+    if cfg.get("root") and cfg.get("private_mounts"):
+        notes.append(_private_mounts(list(cfg.get("hidden", ()))))
+    notes.append(_install_seccomp())
     ctrl_z, ctrl_c = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     c_pid = os.fork()
     if c_pid == 0:
@@ -1417,13 +1741,19 @@ def main() -> None:
             os.close(rfd)
             os.close(wfd)
             ctrl_z.close()
-            a_cfg = {k: cfg[k] for k in ("root", "tmp_root", "memory_mb", "fsize", "nofile", "nproc")}
+            a_cfg = {
+                k: cfg[k] for k in ("root", "tmp_root", "memory_mb", "fsize", "nofile", "nproc", "hidden")
+            }
             clean_server(ctrl_c, PRELOAD_FULL if cfg.get("preload") == "full" else PRELOAD_SMALL, a_cfg)
         finally:
             os._exit(0)
     ctrl_c.close()
+    import ast  # noqa: F401 - everything the scorer uses is imported before the first job
+
+    _import_test_modules()
     scorer = Scorer(cfg, ctrl_z)
-    write_msg_blocking(wfd, {"ready": True, "pid": os.getpid()})
+    notes.append(_drop_scorer_privileges(int(cfg.get("scorer_memory_mb", 2048))))
+    write_msg_blocking(wfd, {"ready": True, "pid": os.getpid(), "notes": [n for n in notes if n]})
     while True:
         try:
             job = read_msg_blocking(rfd)

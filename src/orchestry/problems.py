@@ -131,14 +131,26 @@ def split_asserts(test_src: str, entry_point: str) -> tuple[str, tuple[str, ...]
     setup = "\n".join(module_rest + [f"{arg} = {entry_point}"])
     preamble: list[str] = []
     units: list[str] = []
+    derived = {arg}  # the candidate and names the preamble binds from its results (``sol = candidate(x)``)
     for stmt in check.body:
         has_assert = any(isinstance(n, ast.Assert) for n in ast.walk(stmt))
         src = ast.unparse(stmt)
-        if has_assert:
+        if has_assert and _names(stmt) & derived:
             units.append("\n".join(preamble + [src]))
+        elif isinstance(stmt, ast.Assert):
+            continue  # e.g. ``assert True, "..."``: refers to no program result, so it tests nothing
         elif not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
             preamble.append(src)
+            if isinstance(stmt, ast.Assign) and _names(stmt.value) & derived:
+                derived |= {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     return setup, tuple(units)
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Every name ``node`` refers to. An assert that refers to neither the candidate nor a value computed from
+    it is test set-up, not a test: scoring it would give free credit to any program that merely defines the
+    entry point (HumanEval's ``check`` functions hold 48 such ``assert True, ...`` lines in 36 problems)."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
 def prompt_context(prompt: str, entry_point: str) -> str:

@@ -140,6 +140,7 @@ _LEN = struct.Struct(">I")
 _LOGGED: set[str] = set()
 _PROBES: dict[str, tuple[bool, str]] = {}
 _TMPFS_BYTES = 512 << 20
+_FORK_SERVER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
 
 #: Default per-assert (and load) effective time limit in seconds; see the module docstring.
 DEFAULT_TIMEOUT_S = 1.0
@@ -327,7 +328,13 @@ def _bwrap_command(python: str) -> list[str]:
         args.extend(["--tmpfs", h])
     args.extend(["--dev", "/dev", "--proc", "/proc"])
     args.extend(["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"])
-    args.extend(["--new-session", "--hostname", "sandbox", "--chdir", "/tmp"])
+    args.extend(["--new-session", "--hostname", "sandbox", "--chdir", "/"])
+    # Least privilege: of root's capabilities only those the fork server needs to give every program process
+    # its own uid, hand it its directory and kill and remove what it leaves; the scorer then drops to an
+    # unprivileged uid (no capabilities) and programs run as fresh unprivileged uids.
+    args.extend(["--cap-drop", "ALL"])
+    for cap in _FORK_SERVER_CAPS:
+        args.extend(["--cap-add", cap])
     return args
 
 
@@ -409,7 +416,13 @@ class _Worker:
         self.rfd = self.proc.stdout.fileno()
         self._info_r = info_r
         try:
-            cfg = {**cfg, "root": _is_root(), "tmp_root": "/tmp" if bwrap else tmp_root}
+            cfg = {
+                **cfg,
+                "root": _is_root(),
+                "tmp_root": "/tmp" if bwrap else tmp_root,
+                "hidden": _hidden_paths(),
+                "private_mounts": not bwrap,
+            }
             _write_msg(self.wfd, {**cfg, "preload": "small" if bwrap else "full"})
         except OSError as e:
             self.kill()
@@ -429,6 +442,10 @@ class _Worker:
             ready = _read_msg(self.rfd, time.monotonic() + 60)
             if not ready.get("ready"):
                 raise SandboxError(f"sandbox worker did not start: {ready}")
+            for note in ready.get("notes") or ():
+                if note not in _LOGGED:
+                    _LOGGED.add(note)
+                    log.warning("sandbox: %s", note)
         except (OSError, EOFError, TimeoutError, ValueError) as e:
             self.kill()
             raise SandboxError(f"sandbox worker did not start: {e}") from e
@@ -528,6 +545,9 @@ class Sandbox:
             "nproc": 16,
             "wall_factor": self.wall_factor,
             "max_message_bytes": int(max_message_mb) << 20,
+            "max_value_nodes": 1 << 20,
+            # the scorer's own address-space limit: a reply of max_message_mb decodes to many times its size
+            "scorer_memory_mb": 1024 + 16 * int(max_message_mb),
         }
         if isolation == "process":
             self._bwrap = False
