@@ -479,9 +479,8 @@ def _make_audit_hook(tmpdir: str):
                         st = None
                     if st is not None and (st.st_dev, st.st_ino) in hidden:
                         raise PermissionErr("blocked by sandbox: hidden file")
-            if len(args) >= 3 and type(args[2]) is _int and args[2] & wflags:
-                if not inside(p):
-                    raise PermissionErr("blocked by sandbox: write outside the sandbox directory")
+            if len(args) >= 3 and type(args[2]) is _int and args[2] & wflags and not inside(p):
+                raise PermissionErr("blocked by sandbox: write outside the sandbox directory")
             return
         spec = writes.get(event)
         if spec is not None:
@@ -666,10 +665,8 @@ class _CleanServer:
         for _ in range(IDLE_AHEAD):
             self.fork_idle()
         while True:
-            try:
+            with contextlib.suppress(Exception):  # one job's clean-up must not end the fork server
                 self.reap()
-            except Exception:  # noqa: BLE001 - one job's clean-up must not end the fork server
-                pass
             if self.killed:  # reap killed program processes promptly even when no request comes
                 r, _, _ = select.select([ctrl], [], [], 0.02)
                 if not r:
