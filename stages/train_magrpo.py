@@ -61,7 +61,8 @@ def main() -> None:
                 params.sampling,
                 CKPT,
                 on_step=on_step,
-                # the trainer compares its own params (train_magrpo) itself: a larger num_steps resumes
+                # the trainer compares its own params (train_magrpo) itself: a larger num_steps resumes, a
+                # smaller one than the checkpoint's starts afresh (never the longer run's adapters)
                 resume_key=stage_inputs_key("train_magrpo", params, exclude=["train_magrpo"]),
             )
             history = trainer.train()

@@ -3,11 +3,20 @@
 One shared frozen base with one LoRA adapter per agent (peft); both agents' completions of all problems of a
 step are sampled in ONE batched ``generate`` call (per-row adapters). Checkpoints every
 ``checkpoint_every`` steps hold both adapters, both AdamW states and the step log, so an interrupted run
-resumes where it stopped and reproduces the uninterrupted one (sampling is seeded per step).
+resumes where it stopped and reproduces the uninterrupted one (sampling is seeded per step). Nothing depends on
+the machine's state: the training micro-batch is a parameter (``micro_batch_tokens``), not sized to free memory.
+
+A checkpoint is written crash-safely (:meth:`MAGRPOTrainer.save_checkpoint`): files go to ``<dir>.new``, are
+fsynced, ``manifest.json`` (size and SHA-256 of every file) is written last, then ``<dir>`` is renamed to
+``<dir>.old``, ``<dir>.new`` to ``<dir>``, and ``<dir>.old`` is removed. A kill at any point leaves a complete
+checkpoint in one of the three directories; loading takes the newest complete one that fits the run and
+ignores an incomplete one with a log line.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import logging
 import os
@@ -36,8 +45,9 @@ from orchestry.rewards.code import level_rewards
 log = logging.getLogger("orchestry.magrpo")
 
 AGENTS = ("helper", "main")
-ACTIVATION_BYTES_PER_TOKEN = 3_500_000  # fp32 forward+backward, 135M model (measured: benchmarks/README.md)
-MAX_MICRO_BATCH_TOKENS = 1024  # larger micro-batches were slower on CPU (measured: benchmarks/README.md)
+CHECKPOINT_FILES = ("state.pt", "trainer.json", "samples.jsonl")
+# written last: a checkpoint without it, or with a file that differs from it, is incomplete
+MANIFEST = "manifest.json"
 
 
 def _process_group() -> tuple[int, int]:
@@ -51,11 +61,52 @@ def _process_group() -> tuple[int, int]:
     return state.process_index, state.num_processes
 
 
-def _model_scale(model) -> float:
-    """Activation memory relative to the embedded 135M model (30 layers x 576 hidden), from the config."""
-    cfg = getattr(model, "config", None)
-    layers, hidden = getattr(cfg, "num_hidden_layers", 30), getattr(cfg, "hidden_size", 576)
-    return max(0.01, layers * hidden / (30 * 576))
+def _fsync_dir(path: Path) -> None:
+    """Make a directory's entries (created, renamed files) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes) -> dict:
+    """Write ``data`` to ``path`` and fsync it; returns its manifest entry (bytes, sha256)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not a complete checkpoint (``None``: it is): a missing or unreadable manifest, a
+    missing file, or a file whose size or SHA-256 differs from the manifest's."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return f"no {MANIFEST} (the save was cut short, or an older format)"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable {MANIFEST} ({e})"
+    for name in CHECKPOINT_FILES:
+        if name not in files:
+            return f"{MANIFEST} does not list {name}"
+    for name, entry in files.items():
+        f = folder / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != entry.get("bytes") or _sha256_file(f) != entry.get("sha256"):
+            return f"{name} differs from {MANIFEST} (truncated or changed)"
+    return None
 
 
 @dataclass
@@ -90,10 +141,11 @@ class MAGRPOTrainer:
         on_step: called with each step's log dict (e.g. to log to MLflow).
         reward_fn: ``(problems, helper_texts, main_texts) -> list[LevelReward]``; default: the level reward
             (:func:`orchestry.rewards.code.level_rewards`) run in ``sandbox``.
-        micro_batch_tokens_limit: tokens per training micro-batch (None: sized to the memory available).
+        micro_batch_tokens_limit: overrides ``cfg.micro_batch_tokens`` (tests, benchmarks); None: the param.
         resume_key: fingerprint of the run's other inputs (code, data, params beyond ``cfg``); a checkpoint is
-            resumed only when its key and ``cfg`` (except ``num_steps``) are the same, so an interrupted run
-            resumes while a run whose inputs changed starts afresh.
+            resumed only when its key and ``cfg`` (except ``num_steps``) are the same and its ``next_step`` is
+            at most ``cfg.num_steps``, so an interrupted run (or a longer one) resumes while a run whose inputs
+            changed, or a shorter one, starts afresh.
     """
 
     model: object
@@ -112,14 +164,7 @@ class MAGRPOTrainer:
 
     def __post_init__(self):
         self.checkpoint_dir = Path(self.checkpoint_dir)
-        self.optimizers = {
-            a: torch.optim.AdamW(
-                adapter_parameters(self.model, a),
-                lr=self.cfg.learning_rate,
-                weight_decay=self.cfg.weight_decay,
-            )
-            for a in AGENTS
-        }
+        self.optimizers = self._new_optimizers()
         for a in AGENTS:
             if not self.optimizers[a].param_groups[0]["params"]:
                 raise ValueError(f"model has no LoRA parameters for agent {a!r}")
@@ -127,6 +172,16 @@ class MAGRPOTrainer:
         random.Random(self.cfg.seed).shuffle(order)
         self.order = order
         self.rank, self.world_size = _process_group()
+
+    def _new_optimizers(self) -> dict[str, torch.optim.AdamW]:
+        return {
+            a: torch.optim.AdamW(
+                adapter_parameters(self.model, a),
+                lr=self.cfg.learning_rate,
+                weight_decay=self.cfg.weight_decay,
+            )
+            for a in AGENTS
+        }
 
     # ------------------------------------------------------------------ rollout
     def problems_for_step(self, step: int) -> list[Problem]:
@@ -252,20 +307,13 @@ class MAGRPOTrainer:
         return total
 
     def micro_batch_tokens(self) -> int:
-        """Token budget of one training micro-batch: ``self.micro_batch_tokens_limit`` if set, else sized to memory.
+        """Token budget of one training micro-batch: ``cfg.micro_batch_tokens`` (or ``micro_batch_tokens_limit``).
 
-        A token held for the backward pass costs about ``ACTIVATION_BYTES_PER_TOKEN`` (measured on the embedded
-        135M model, fp32; scaled by layers x hidden size for other models); the budget is an eighth of the memory
-        available now, at most ``MAX_MICRO_BATCH_TOKENS`` and at least 128 tokens.
+        A fixed number, never sized to the memory free at run time: the split into micro-batches sets the order
+        of the floating-point gradient sums, so the trained adapters must not depend on what else the machine
+        was doing.
         """
-        if self.micro_batch_tokens_limit:
-            return int(self.micro_batch_tokens_limit)
-        try:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            available = 8 << 30
-        per_token = ACTIVATION_BYTES_PER_TOKEN * _model_scale(self.model)
-        return int(min(MAX_MICRO_BATCH_TOKENS, max(128, available / 8 / per_token)))
+        return int(self.micro_batch_tokens_limit or self.cfg.micro_batch_tokens)
 
     def _micro_batches(self, ro: Rollout, rows: list[int], keep: list[int]) -> list[list[int]]:
         """Split kept row indices (into ``rows``) into micro-batches within the token budget.
@@ -367,11 +415,49 @@ class MAGRPOTrainer:
         return rec
 
     # ------------------------------------------------------------------ checkpoints
+    def _sibling(self, suffix: str) -> Path:
+        return self.checkpoint_dir.with_name(self.checkpoint_dir.name + suffix)
+
+    def _swap_in(self, new: Path) -> None:
+        """Make the complete checkpoint ``new`` the checkpoint: ``dir`` -> ``dir.old``, ``new`` -> ``dir``,
+        then remove ``dir.old``. Until the second rename the previous checkpoint stays whole in ``dir`` or
+        ``dir.old``; after it, ``dir`` is the new one."""
+        ckpt, old = self.checkpoint_dir, self._sibling(".old")
+        if ckpt.exists() or ckpt.is_symlink():
+            if old.exists():
+                shutil.rmtree(old)  # left by a killed save; ``dir`` is at least as new
+            os.rename(ckpt, old)
+        os.rename(new, ckpt)
+        _fsync_dir(ckpt.parent)
+        if old.exists():
+            shutil.rmtree(old)
+
+    def _finish_interrupted_save(self) -> None:
+        """Complete what a killed save left half done, so that its checkpoint is not lost by this save.
+
+        A complete ``dir.new`` is newer than ``dir`` (it is swapped in); ``dir`` missing with a complete
+        ``dir.old`` is put back.
+        """
+        new, old = self._sibling(".new"), self._sibling(".old")
+        if new.is_dir() and checkpoint_problem(new) is None:
+            self._swap_in(new)
+        elif not self.checkpoint_dir.exists() and old.is_dir() and checkpoint_problem(old) is None:
+            os.rename(old, self.checkpoint_dir)
+            _fsync_dir(self.checkpoint_dir.parent)
+
     def save_checkpoint(self, next_step: int) -> None:
-        """Atomically write adapters, optimizer states and logs; ``next_step`` is where a resume starts."""
-        tmp = self.checkpoint_dir.with_name(self.checkpoint_dir.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        """Write adapters, optimizer states and logs crash-safely; ``next_step`` is where a resume starts.
+
+        The files go to ``<dir>.new`` and are fsynced, ``manifest.json`` last; then the new directory is swapped
+        in (:meth:`_swap_in`). The previous checkpoint is kept until the new one is complete, so a kill at any
+        point leaves the last complete checkpoint for :meth:`load_checkpoint`.
+        """
+        self.checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._finish_interrupted_save()
+        tmp = self._sibling(".new")
+        if tmp.exists():
+            shutil.rmtree(tmp)  # an incomplete leftover of a killed save
+        tmp.mkdir()
         state = {
             "adapters": {
                 a: {
@@ -383,49 +469,110 @@ class MAGRPOTrainer:
             },
             "optimizers": {a: o.state_dict() for a, o in self.optimizers.items()},
         }
-        torch.save(state, tmp / "state.pt")
-        (tmp / "trainer.json").write_text(
-            json.dumps(
-                {
-                    "next_step": next_step,
-                    "config": self.cfg.model_dump(),
-                    "resume_key": self.resume_key,
-                    "history": self.history,
-                }
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        meta = {
+            "next_step": next_step,
+            "config": self.cfg.model_dump(),
+            "resume_key": self.resume_key,
+            "history": self.history,
+        }
+        files = {
+            "state.pt": _write_synced(tmp / "state.pt", buf.getvalue()),
+            "trainer.json": _write_synced(tmp / "trainer.json", json.dumps(meta).encode()),
+            "samples.jsonl": _write_synced(
+                tmp / "samples.jsonl", "".join(json.dumps(x) + "\n" for x in self.samples).encode()
+            ),
+        }
+        _write_synced(tmp / MANIFEST, json.dumps({"next_step": next_step, "files": files}).encode())
+        _fsync_dir(tmp)
+        self._swap_in(tmp)
+
+    def _unfit(self, info: dict) -> str | None:
+        """Why a complete checkpoint's ``trainer.json`` cannot be resumed by this run (``None``: it can)."""
+        mine = {k: v for k, v in self.cfg.model_dump().items() if k != "num_steps"}
+        theirs = {k: v for k, v in info.get("config", {}).items() if k != "num_steps"}
+        if theirs != mine:
+            changed = sorted(
+                k for k in set(mine) | set(theirs) if mine.get(k, "<unset>") != theirs.get(k, "<unset>")
             )
-        )
-        with open(tmp / "samples.jsonl", "w") as f:
-            for s in self.samples:
-                f.write(json.dumps(s) + "\n")
-        shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
-        tmp.rename(self.checkpoint_dir)
+            return f"made with other train_magrpo params ({', '.join(changed)})"
+        if info.get("resume_key", "") != self.resume_key:
+            return "made with other code, data or params of the stage's other sections"
+        next_step = int(info["next_step"])
+        if next_step > self.cfg.num_steps:
+            return (
+                f"a longer run's (next_step {next_step} > num_steps {self.cfg.num_steps}); a shorter run is "
+                "trained afresh, never cut from a longer one"
+            )
+        return None
+
+    def _restore(self, folder: Path) -> tuple[list[dict], list[dict]]:
+        """Copy ``folder``'s adapters and optimizer states into the trainer; returns (history, samples).
+
+        Raises whatever reading or applying fails with, leaving the model and optimizers as they were.
+        """
+        state = torch.load(folder / "state.pt", weights_only=False, map_location="cpu")
+        params = dict(self.model.named_parameters())
+        for a in AGENTS:
+            for n, t in state["adapters"][a].items():
+                if n not in params or params[n].shape != t.shape:
+                    raise ValueError(f"adapter weight {n} does not fit the model")
+        before = {n: p.detach().clone() for n, p in params.items() if "lora_" in n}
+        try:
+            with torch.no_grad():
+                for a in AGENTS:
+                    for n, t in state["adapters"][a].items():
+                        params[n].copy_(t)
+                    self.optimizers[a].load_state_dict(state["optimizers"][a])
+        except BaseException:
+            with torch.no_grad():
+                for n, t in before.items():
+                    params[n].copy_(t)
+            self.optimizers = self._new_optimizers()
+            raise
+        history = json.loads((folder / "trainer.json").read_text())["history"]
+        with open(folder / "samples.jsonl") as f:
+            samples = [json.loads(line) for line in f if line.strip()]
+        return history, samples
 
     def load_checkpoint(self) -> int:
-        """Restore from ``checkpoint_dir`` if it holds a checkpoint of the same config; returns the next step."""
-        meta = self.checkpoint_dir / "trainer.json"
-        if not meta.exists():
-            return 0
-        info = json.loads(meta.read_text())
-        same = {k: v for k, v in info["config"].items() if k != "num_steps"} == {
-            k: v for k, v in self.cfg.model_dump().items() if k != "num_steps"
-        }
-        if not same or info.get("resume_key", "") != self.resume_key:
+        """Restore the newest complete checkpoint that fits this run; returns the step to start from (0: none).
+
+        Candidates, newest first: ``<dir>.new`` (complete only when a save was killed just before its swap),
+        ``<dir>``, ``<dir>.old`` (a save killed during its swap). An incomplete one, or one of other params,
+        code or data, or of a longer run (``next_step > num_steps``), is skipped with a log line saying why.
+        """
+        for folder in (self._sibling(".new"), self.checkpoint_dir, self._sibling(".old")):
+            if not folder.is_dir():
+                continue
+            problem = checkpoint_problem(folder)
+            if problem is not None:
+                log.warning("ignoring incomplete checkpoint %s: %s", folder, problem)
+                continue
+            info = json.loads((folder / "trainer.json").read_text())
+            unfit = self._unfit(info)
+            if unfit is not None:
+                log.warning("checkpoint in %s is %s; not resuming it", folder, unfit)
+                continue
+            try:
+                self.history, self.samples = self._restore(folder)
+            except Exception as e:
+                log.warning(
+                    "checkpoint in %s could not be loaded (%s: %s); not resuming it",
+                    folder,
+                    type(e).__name__,
+                    e,
+                )
+                continue
+            return int(info["next_step"])
+        if any(f.exists() for f in (self._sibling(".new"), self.checkpoint_dir, self._sibling(".old"))):
             log.warning(
-                "checkpoint in %s was made with other params, code or data; starting from scratch",
+                "no checkpoint in %s fits this run (see above); starting from scratch (num_steps %d)",
                 self.checkpoint_dir,
+                self.cfg.num_steps,
             )
-            return 0
-        state = torch.load(self.checkpoint_dir / "state.pt", weights_only=False)
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for a in AGENTS:
-                for n, t in state["adapters"][a].items():
-                    params[n].copy_(t)
-                self.optimizers[a].load_state_dict(state["optimizers"][a])
-        self.history = info["history"]
-        with open(self.checkpoint_dir / "samples.jsonl") as f:
-            self.samples = [json.loads(line) for line in f if line.strip()]
-        return min(int(info["next_step"]), self.cfg.num_steps)
+        return 0
 
     def save_adapters(self, out_dir: str | Path) -> list[Path]:
         """Save each agent's adapter as a standard peft folder ``out_dir/<agent>``."""
