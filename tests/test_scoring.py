@@ -194,3 +194,92 @@ def test_missing_completions_file_exits_2(tmp_path: Path, problems_file: Path) -
 def test_app_is_multi_command() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0 and "score" in result.output
+
+
+# --- a careless user's --out, and hostile lines: the input is never touched, the run never stops on a line ---
+
+
+def _names(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("spelling", ["same", "dotdot", "relative", "symlink", "hardlink", "problems"])
+def test_out_resolving_to_an_input_is_refused_before_any_work(
+    tmp_path: Path, problems_file: Path, spelling: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    completions = write_jsonl(tmp_path / "c.jsonl", COMPLETIONS[:1])
+    before, problems_before = completions.read_bytes(), problems_file.read_bytes()
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    if spelling == "symlink":
+        (tmp_path / "link.jsonl").symlink_to(completions)
+    if spelling == "hardlink":
+        (tmp_path / "hard.jsonl").hardlink_to(completions)
+    out = {
+        "same": completions,
+        "dotdot": tmp_path / "sub" / ".." / "c.jsonl",
+        "relative": Path("../c.jsonl"),
+        "symlink": tmp_path / "link.jsonl",
+        "hardlink": tmp_path / "hard.jsonl",
+        "problems": problems_file,
+    }[spelling]
+    files = _names(tmp_path)
+    result = run("--problems", problems_file, "--completions", completions, "--out", out)
+    assert result.exit_code == 2, result.output
+    assert "--out" in result.output and "Traceback" not in result.output
+    assert completions.read_bytes() == before and problems_file.read_bytes() == problems_before
+    assert _names(tmp_path) == files  # no temporary file left behind
+
+
+def test_input_named_like_the_outputs_old_temp_file_is_read_not_truncated(
+    tmp_path: Path, problems_file: Path
+) -> None:
+    out = tmp_path / "scores.jsonl"
+    completions = write_jsonl(tmp_path / "scores.jsonl.tmp", COMPLETIONS[:2])
+    before = completions.read_bytes()
+    result = run("--problems", problems_file, "--completions", completions, "--out", out, "-q")
+    assert result.exit_code == 0, result.output
+    assert completions.read_bytes() == before
+    assert [r.get("sample") for r in read_jsonl(out)] == [0, None]
+    assert _names(tmp_path) == {"problems.jsonl", "scores.jsonl", "scores.jsonl.tmp"}
+
+
+def test_lone_surrogates_and_huge_numbers_score_their_line(tmp_path: Path, problems_file: Path) -> None:
+    lines = [
+        '{"task_id": "Tiny/0", "helper": "x", "main": "y", "note": "\\ud800"}',
+        '{"task_id": "Tiny/\\udfff", "helper": "x", "main": "y"}',
+        '{"task_id": "Tiny/0", "helper": "x", "main": "y", "\\ud800key": 1}',
+        '{"task_id": "Tiny/0", "helper": "def aux(x):\\n    return \'\\ud800\'\\n", "main": "# \\udc80"}',
+        '{"task_id": "Tiny/0", "helper": "x", "main": "y", "n": 1' + "0" * 5000 + "}",
+        json.dumps({"task_id": "Tiny/0", "helper": AUX, "main": GOOD, "note": "é ✓"}, ensure_ascii=False),
+    ]
+    completions = tmp_path / "c.jsonl"
+    completions.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "o.jsonl"
+    result = run("--problems", problems_file, "--completions", completions, "--out", out, "-q")
+    assert result.exit_code == 0, result.output
+    rows = read_jsonl(out)
+    assert len(rows) == len(lines)
+    assert rows[0]["note"] == "\ud800" and rows[0]["reasons"]
+    assert rows[1]["task_id"] == "Tiny/\udfff" and "unknown task_id" in rows[1]["reasons"][0]
+    assert rows[2]["\ud800key"] == 1
+    assert rows[3]["total_asserts"] == 3
+    assert rows[4]["line"] == 5 and "not valid JSON" in rows[4]["reasons"][0]
+    assert rows[5]["total"] == 4.0 and rows[5]["note"] == "é ✓"
+    assert "é ✓" in out.read_text(encoding="utf-8")  # readable text stays readable
+    assert _names(tmp_path) == {"problems.jsonl", "c.jsonl", "o.jsonl"}
+
+
+def test_corrupt_gzip_completions_leave_no_output_and_no_temp_file(
+    tmp_path: Path, problems_file: Path
+) -> None:
+    import gzip
+
+    good = gzip.compress(b"".join(json.dumps(c).encode() + b"\n" for c in COMPLETIONS[:1] * 50))
+    completions = tmp_path / "c.jsonl.gz"
+    completions.write_bytes(good[: len(good) // 2])  # truncated stream
+    out = tmp_path / "o.jsonl"
+    result = run("--problems", problems_file, "--completions", completions, "--out", out, "--chunk-size", 1)
+    assert result.exit_code == 2, result.output
+    assert "--completions" in result.stderr and "Traceback" not in result.output
+    assert _names(tmp_path) == {"problems.jsonl", "c.jsonl.gz"}

@@ -1,21 +1,68 @@
 """The ``orchestry`` command line (console script ``orchestry = "orchestry.cli:app"``).
 
 A multi-command typer app: ``orchestry score ...`` today; later stages add their commands to ``app``.
+
+Errors are one line on stderr (``error: --option: what is wrong``), whatever ``--quiet`` says: exit code 2
+for a bad option value or an unusable file, 1 for anything else; ``--debug`` also prints the traceback.
 """
 
 from __future__ import annotations
 
+import math
+import sys
+import traceback
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal, NoReturn, get_args
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from typer.core import TyperGroup
 
-from orchestry.problems import ProblemFormatError
+IsolationMode = Literal["auto", "bwrap", "process"]  # orchestry.sandbox.Sandbox(isolation=...)
+ISOLATION_MODES: tuple[str, ...] = get_args(IsolationMode)
+MAX_TIMEOUT_S = 3600.0
+MAX_MEMORY_MB = 1 << 20  # 1 TiB
+MAX_WORKERS = 1024
+
+
+class _OneLineErrors(TyperGroup):
+    """Usage errors (bad value, missing or unknown option) as one ``error: ...`` line on stderr, exit code 2."""
+
+    def main(
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as e:  # typer's (vendored) click usage errors derive from it
+            if type(e).__name__ != "NoArgsIsHelpError":  # the help was printed already
+                typer.echo(f"error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _seconds(value: str | float) -> float:
+    """A finite number of seconds in ``(0, MAX_TIMEOUT_S]`` (``nan``, ``inf``, ``1e400`` rejected)."""
+    try:
+        rv = float(value)
+    except ValueError:
+        rv = math.nan
+    if not (math.isfinite(rv) and 0 < rv <= MAX_TIMEOUT_S):
+        raise typer.BadParameter(f"{value!r} is not a number of seconds in (0, {MAX_TIMEOUT_S:g}].")
+    return rv
+
 
 app = typer.Typer(
     name="orchestry",
+    cls=_OneLineErrors,
     help="Train LLM agents to collaborate with multi-agent RL (MAGRPO, API-GRPO, orchestrator, REINFORCE++).",
     no_args_is_help=True,
     add_completion=False,
@@ -25,6 +72,14 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Orchestry: reproducible multi-agent RL experiments on HumanEval."""
+
+
+def _fail(message: str, code: int, debug: bool) -> NoReturn:
+    """One ``error:`` line on stderr (after the traceback with ``--debug``), then exit ``code``."""
+    if debug:
+        traceback.print_exc(file=sys.stderr)
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=code)
 
 
 @app.command()
@@ -38,14 +93,30 @@ def score(
     completions: Annotated[
         Path, typer.Option(help="JSONL of {task_id, helper, main, ...}; other keys are carried through.")
     ],
-    out: Annotated[Path, typer.Option(help="Output JSONL: one line per completion, in input order.")],
-    timeout_s: Annotated[float, typer.Option(help="Time limit per assert, in seconds.")] = 3.0,
+    out: Annotated[
+        Path,
+        typer.Option(help="Output JSONL: one line per completion, in input order (never one of the inputs)."),
+    ],
+    timeout_s: Annotated[
+        float,
+        typer.Option(
+            parser=_seconds, help=f"Time limit per assert, in seconds (0 < s <= {MAX_TIMEOUT_S:g})."
+        ),
+    ] = 3.0,
     workers: Annotated[
-        int | None, typer.Option(help="Parallel sandbox workers (default: the sandbox's).")
+        int | None,
+        typer.Option(min=1, max=MAX_WORKERS, help="Parallel sandbox workers (default: the sandbox's)."),
     ] = None,
-    memory_mb: Annotated[int, typer.Option(help="Memory limit per sandboxed run, in MiB.")] = 1024,
-    isolation: Annotated[str, typer.Option(help="Sandbox isolation mode (see orchestry.sandbox).")] = "auto",
-    chunk_size: Annotated[int, typer.Option(help="Lines scored per sandbox batch.")] = 256,
+    memory_mb: Annotated[
+        int, typer.Option(min=64, max=MAX_MEMORY_MB, help="Memory limit per sandboxed run, in MiB.")
+    ] = 1024,
+    isolation: Annotated[
+        IsolationMode,
+        typer.Option(help="Sandbox isolation: auto (bubblewrap if usable), bwrap (required) or process."),
+    ] = "auto",
+    chunk_size: Annotated[
+        int, typer.Option(min=1, max=1_000_000, help="Lines scored per sandbox batch.")
+    ] = 256,
     single: Annotated[
         bool,
         typer.Option("--single", help="Single-agent completions {task_id, main}: no helper, no cooperation."),
@@ -53,44 +124,59 @@ def score(
     keep_code: Annotated[
         bool, typer.Option("--keep-code", help="Copy 'helper'/'main' into the output.")
     ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or summary.")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress or summary (errors are always shown).")
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")] = False,
 ) -> None:
     """Score completions with the level reward (structure, syntax, tests, cooperation; max 4.0).
 
     Bad lines (invalid JSON, unknown task_id, missing/non-string helper or main) get a zero-score line with
-    the reason; the run never stops on them. Exit code 2 on a missing/malformed problems or completions file.
+    the reason; the run never stops on them. Exit code 2 on a bad option value, a missing/unreadable/malformed
+    problems or completions file, or an --out that is one of the inputs (the inputs are never written).
     """
-    from orchestry.sandbox import Sandbox
-    from orchestry.scoring import score_file
+    from rich.console import Console
 
-    console = Console(stderr=True, quiet=quiet)
-    if not completions.is_file():
-        console.print(f"[red]error:[/red] completions file not found: {completions}", markup=True)
-        raise typer.Exit(code=2)
+    from orchestry.problems import ProblemFormatError
+    from orchestry.sandbox import Sandbox, SandboxError
+    from orchestry.scoring import FileOptionError, check_paths, problem_index, score_file
+
+    progress = Console(stderr=True, quiet=quiet)
     try:
+        check_paths(problems, completions, out)
+        index = problem_index(problems)
         with Sandbox(
             timeout_s=timeout_s, memory_mb=memory_mb, max_workers=workers, isolation=isolation
         ) as sandbox:
             summary = score_file(
-                problems,
+                index,
                 completions,
                 out,
                 sandbox,
                 chunk_size=chunk_size,
                 single=single,
                 keep_code=keep_code,
-                on_chunk=lambda n: console.print(f"scored {n} lines", highlight=False),
+                on_chunk=lambda n: progress.print(f"scored {n} lines", highlight=False),
             )
+    except FileOptionError as e:
+        _fail(f"--{e.option}: {e}", 2, debug)
     except ProblemFormatError as e:
-        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
-        raise typer.Exit(code=2) from e
-    if quiet:
-        return
-    out_console = Console()
+        _fail(f"--problems: {e}", 2, debug)
+    except SandboxError as e:
+        _fail(f"sandbox: {e}", 1, debug)
+    except Exception as e:  # a bug: one line, the traceback with --debug
+        _fail(f"{type(e).__name__}: {e} (run with --debug for the traceback)", 1, debug)
+    if not quiet:
+        _print_summary(summary.to_dict(), out, single)
+
+
+def _print_summary(d: dict, out: Path, single: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=f"orchestry score -> {out}", show_header=False)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    d = summary.to_dict()
     table.add_row("completions", str(d["count"]))
     table.add_row("invalid lines", str(d["invalid"]))
     table.add_row("mean total (max 4.0)" if not single else "mean total (max 2.1)", f"{d['mean_total']:.3f}")
@@ -101,7 +187,7 @@ def score(
         table.add_row("cooperation rate", f"{d['cooperation_rate']:.3f}")
         shares = ", ".join(f"{k} {v:.2f}" for k, v in d["schemes"].items() if v)
         table.add_row("schemes", shares or "-")
-    out_console.print(table)
+    Console().print(table)
 
 
 if __name__ == "__main__":  # pragma: no cover

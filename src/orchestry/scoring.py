@@ -11,6 +11,9 @@ A bad line never stops the run: invalid JSON (the output carries ``{"line": n}``
 ``task_id``, a missing or non-string ``helper``/``main`` each give a zero-score line whose ``reasons`` say
 why.
 Lines are scored in chunks (``chunk_size``, one sandbox batch each), so huge files stream in bounded memory.
+The inputs are never written: an ``out`` that is (or links to) the completions or problems file is refused
+before any work, and the output goes to a uniquely named temporary file beside ``out``, renamed over it at the
+end (removed on any error).
 Reward: MAGRPO paper (arXiv 2508.04652) / CoMLRL, see :mod:`orchestry.rewards.code`.
 """
 
@@ -19,13 +22,15 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import tempfile
+import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestry.problems import Problem, load_problems
+from orchestry.problems import Problem, ProblemFormatError, load_problems
 from orchestry.rewards.code import LevelReward, RewardConfig, level_rewards, single_rewards
 from orchestry.schemes import SCHEMES
 
@@ -44,6 +49,16 @@ SCORE_FIELDS = (
     "reasons",
 )
 CODE_FIELDS = ("helper", "main")
+# what a damaged or odd file raises when read: I/O and gzip errors, truncated gzip streams, bad zlib data
+_READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+class FileOptionError(ValueError):
+    """An input or output file cannot be used; ``option`` names it (``problems``, ``completions``, ``out``)."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 @dataclass
@@ -103,9 +118,57 @@ def problem_index(source: str | Path) -> dict[str, Problem]:
     """``task_id -> Problem`` from ``"humaneval"`` or a HumanEval-format file.
 
     Raises:
-        orchestry.problems.ProblemFormatError: the file is missing or malformed (names the line/field).
+        orchestry.problems.ProblemFormatError: the file is missing, unreadable (a directory, a corrupt or
+            truncated gzip stream, not UTF-8) or malformed (names the line/field).
     """
-    return {p.task_id: p for p in load_problems(source)}
+    try:
+        return {p.task_id: p for p in load_problems(source)}
+    except ProblemFormatError:
+        raise
+    except (*_READ_ERRORS, ValueError, RecursionError) as e:
+        raise ProblemFormatError(f"cannot read {source}: {_describe(e)}") from e
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e) or type(e).__name__
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links, case-insensitive file systems
+    except OSError:
+        return False
+
+
+def check_paths(problems: str | Path | None, completions: str | Path, out: str | Path) -> None:
+    """Refuse, before any work, files that cannot be scored or an ``out`` that would replace an input.
+
+    Raises:
+        FileOptionError: ``completions`` is missing or not a regular file; ``out`` is a directory or another
+            non-regular file (a FIFO, a device), or resolves to ``completions`` or ``problems`` (same path after
+            symlinks and ``..``, or a hard link).
+    """
+    completions, out = Path(completions), Path(out)
+    if not completions.exists():
+        raise FileOptionError("completions", f"file not found: {completions}")
+    if not completions.is_file():
+        raise FileOptionError("completions", f"not a regular file: {completions}")
+    if out.is_dir():
+        raise FileOptionError("out", f"is a directory: {out}")
+    if out.exists() and not out.is_file():
+        raise FileOptionError("out", f"not a regular file: {out}")
+    inputs = {"completions": completions}
+    if problems is not None and str(problems) != "humaneval" and Path(problems).exists():
+        inputs["problems"] = Path(problems)
+    for option, path in inputs.items():
+        if _same_file(out, path):
+            raise FileOptionError(
+                "out", f"{out} is the --{option} file {path}; refusing to overwrite an input"
+            )
 
 
 def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
@@ -133,8 +196,9 @@ class _Item:
 def _parse_line(n: int, text: str, problems: dict[str, Problem], single: bool, keep_code: bool) -> _Item:
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        msg = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+    except (ValueError, RecursionError) as e:  # ValueError: also an integer of more than 4300 digits
+        msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e) if isinstance(e, ValueError) else ""
+        msg = msg or "nested too deeply"
         return _Item(record={"line": n}, error=f"input: line {n} is not valid JSON: {msg}")
     if not isinstance(data, dict):
         return _Item(
@@ -198,7 +262,7 @@ def score_lines(
 
 
 def score_file(
-    problems: str | Path,
+    problems: str | Path | Mapping[str, Problem],
     completions: str | Path,
     out: str | Path,
     sandbox: Sandbox,
@@ -210,39 +274,93 @@ def score_file(
 ) -> ScoreSummary:
     """Score every completion line of ``completions`` and write ``out`` (JSONL, input order).
 
-    The output is written to ``out`` + ``.tmp`` and renamed at the end, so a crash never leaves a partial
-    file under the final name. ``on_chunk(lines_done)`` is called after each chunk (progress display).
+    ``problems`` is a source for :func:`problem_index` or an index it returned. The output is written to a
+    uniquely named temporary file beside ``out`` and renamed over ``out`` at the end (``os.replace``), so a
+    crash never leaves a partial file under the final name, and the temporary file is removed on any error.
+    ``on_chunk(lines_done)`` is called after each chunk (progress display).
 
     Raises:
+        FileOptionError: see :func:`check_paths`; also ``completions`` unreadable (a corrupt gzip stream) or
+            ``out`` not writable. Checked before any scoring; ``completions`` is never written.
         orchestry.problems.ProblemFormatError: the problems source is missing or malformed.
-        FileNotFoundError: ``completions`` does not exist.
     """
-    index = problem_index(problems)
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
     completions, out = Path(completions), Path(out)
-    if not completions.is_file():
-        raise FileNotFoundError(f"completions file not found: {completions}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    check_paths(None if isinstance(problems, Mapping) else problems, completions, out)
+    index = problems if isinstance(problems, Mapping) else problem_index(problems)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        f = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed by `with f` below)
+            "w", encoding="utf-8", dir=out.parent, prefix=f".{out.name}.", suffix=".tmp", delete=False
+        )
+    except OSError as e:
+        raise FileOptionError("out", f"cannot write beside {out}: {_describe(e)}") from e
+    tmp = Path(f.name)
     summary = ScoreSummary()
-    chunk_size = max(1, int(chunk_size))
-    with open(tmp, "w", encoding="utf-8") as f:
-        chunk: list[tuple[int, str]] = []
-        for item in iter_lines(completions):
-            chunk.append(item)
-            if len(chunk) >= chunk_size:
-                _write_chunk(f, score_lines(chunk, index, sandbox, config, single, keep_code), summary)
-                chunk = []
+    try:
+        with f:
+            chunk: list[tuple[int, str]] = []
+            for item in _read_completions(completions):
+                chunk.append(item)
+                if len(chunk) >= chunk_size:
+                    _write_chunk(
+                        f, score_lines(chunk, index, sandbox, config, single, keep_code), summary, out
+                    )
+                    chunk = []
+                    if on_chunk:
+                        on_chunk(summary.count)
+            if chunk:
+                _write_chunk(f, score_lines(chunk, index, sandbox, config, single, keep_code), summary, out)
                 if on_chunk:
                     on_chunk(summary.count)
-        if chunk:
-            _write_chunk(f, score_lines(chunk, index, sandbox, config, single, keep_code), summary)
-            if on_chunk:
-                on_chunk(summary.count)
-    os.replace(tmp, out)
+        try:
+            os.chmod(tmp, _new_file_mode(out))
+            os.replace(tmp, out)
+        except OSError as e:
+            raise FileOptionError("out", f"cannot write {out}: {_describe(e)}") from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return summary
 
 
-def _write_chunk(f, rows: list[tuple[dict, LevelReward, bool]], summary: ScoreSummary) -> None:
-    for record, reward, valid in rows:
-        f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+def _read_completions(path: Path) -> Iterator[tuple[int, str]]:
+    try:
+        yield from iter_lines(path)
+    except _READ_ERRORS as e:
+        raise FileOptionError("completions", f"cannot read {path}: {_describe(e)}") from e
+
+
+def _new_file_mode(out: Path) -> int:
+    """``out``'s permission bits when it exists, else what ``open`` would give (0o666 minus the umask)."""
+    try:
+        return out.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _json_line(record: dict) -> str:
+    """One JSON line; non-ASCII text stays readable, a lone surrogate (not encodable as UTF-8) is escaped."""
+    try:
+        line = json.dumps(record, ensure_ascii=False, default=str)
+        line.encode("utf-8")
+        return line
+    except UnicodeEncodeError:
+        return json.dumps(record, ensure_ascii=True, default=str)
+    except (ValueError, TypeError, RecursionError) as e:  # a carried value nested too deeply to write back
+        scores = {k: record[k] for k in SCORE_FIELDS if k in record}
+        kept = {k: record[k] for k in ("line", "task_id") if isinstance(record.get(k), (int, str))}
+        reasons = [*scores.get("reasons", []), f"output: input keys not carried ({type(e).__name__})"]
+        return json.dumps({**kept, **scores, "reasons": reasons}, ensure_ascii=True, default=str)
+
+
+def _write_chunk(f, rows: list[tuple[dict, LevelReward, bool]], summary: ScoreSummary, out: Path) -> None:
+    try:
+        f.write("".join(_json_line(record) + "\n" for record, _, _ in rows))
+    except OSError as e:  # disk full, quota
+        raise FileOptionError("out", f"cannot write {out}: {_describe(e)}") from e
+    for _, reward, valid in rows:
         summary.add(reward, valid)
