@@ -280,6 +280,23 @@ def test_rerun_with_same_params_makes_zero_server_calls(tmp_path, key) -> None:
     assert {r["phase"] for r in rows} == {"train", "eval"}
 
 
+def test_seeds_do_not_share_api_samples(tmp_path, key) -> None:
+    """A sweep over api_grpo.seed: each seed gets its own samples; the same seed replays its own."""
+    from orchestry.llm.backends import ChatRequest
+    from orchestry.training.api_grpo import open_clients
+
+    srv = FakeAnthropic(reply=lambda b: "sample", usage={"input_tokens": 10, "output_tokens": 5})
+    req = ChatRequest((("user", "write inc"),), "be brief", 0, 16)
+    with srv.running():
+        for seed, sent_after in ((0, 1), (1, 2), (0, 2), (1, 2)):
+            clients = open_clients(_cfg(srv, tmp_path, seed=seed), SamplingParams())
+            try:
+                clients.chat.complete_batch([req])
+            finally:
+                clients.close()
+            assert len(srv.posts) == sent_after, seed
+
+
 def test_budget_stop_is_clean_and_saves_everything(tmp_path, key, caplog) -> None:
     srv = FakeAnthropic(reply=_collab_reply(), usage={"input_tokens": 100, "output_tokens": 20})
     prices = {

@@ -165,7 +165,12 @@ def test_openai_compatible_retries_and_usage() -> None:
     assert [r["path"] for r in srv.posts] == ["/v1/chat/completions"] * 3
     body = srv.posts[-1]["body"]
     assert body["messages"][0] == {"role": "system", "content": "sys"}
-    assert (body["seed"], body["temperature"], body["top_p"], body["max_tokens"]) == (9, 0.5, 0.9, 9)
+    assert (body["seed"], body["temperature"], body["top_p"], body["max_tokens"]) == (
+        7 * 1_000_003 + 2,
+        0.5,
+        0.9,
+        9,
+    )
     assert (res.text, res.prompt_tokens, res.completion_tokens) == ("ok", 40, 7)
     assert res.usd == pytest.approx(40 * 2e-6 + 7 * 8e-6)
 
@@ -232,6 +237,48 @@ def test_cache_key_depends_on_every_sampling_field() -> None:
     assert cache_key(ident, ChatRequest((("user", "x"),), "s", 0, 16, 0.7, 0.9, tags=("t",))) == cache_key(
         ident, base
     )
+
+
+def test_cache_identity_has_everything_that_changes_the_sample(key, tmp_path, monkeypatch) -> None:
+    """A sweep over seeds must not replay one seed's responses: seed, server and weights are in the identity."""
+    req = ChatRequest((("user", "x"),), "s", 0, 16, 0.7, 0.9)
+
+    def k(backend, model, **kw) -> str:
+        return cache_key(make_backend(backend, model, **kw).identity(), req)
+
+    url = "http://127.0.0.1:1"
+    for backend in ("anthropic", "openai_compatible"):
+        same = k(backend, "claude-haiku-4-5", base_url=url + "/v1", seed=0)
+        assert k(backend, "claude-haiku-4-5", base_url=url + "/v1", seed=0) == same
+        assert k(backend, "claude-haiku-4-5", base_url=url + "/v1", seed=1) != same, backend
+        assert k(backend, "claude-haiku-4-5", base_url="http://127.0.0.1:2/v1", seed=0) != same, backend
+        assert k(backend, "claude-sonnet-4-5", base_url=url + "/v1", seed=0) != same, backend
+    # Anthropic's default server, whether named by the SDK default or by ANTHROPIC_BASE_URL
+    default = k("anthropic", "claude-haiku-4-5")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:3")
+    assert k("anthropic", "claude-haiku-4-5") != default
+    monkeypatch.delenv("ANTHROPIC_BASE_URL")
+    # local: the weights, their dtype and the seed
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"\x01" * 4096)
+    local = k("local", str(folder), seed=0)
+    assert k("local", str(folder), seed=0) == local
+    assert k("local", str(folder), seed=1) != local
+    assert k("local", str(folder), seed=0, local_dtype="bfloat16") != local
+    assert (
+        k("local", str(folder), seed=0, local_batch_size=8) != local
+    )  # a generate call's seed: its requests
+    (folder / "model.safetensors").write_bytes(b"\x02" * 4096)
+    assert k("local", str(folder), seed=0) != local
+    # an OpenAI-compatible server gets a seed per sample: seed 1's samples are not seed 0's later ones
+    sent = {
+        OpenAICompatibleChat("m", url + "/v1", seed=seed).request_seed(i)
+        for seed in range(3)
+        for i in range(4)
+    }
+    assert len(sent) == 12 and OpenAICompatibleChat("m", url + "/v1").request_seed(3) == 3
 
 
 # ---- budget ------------------------------------------------------------------------------------------------------

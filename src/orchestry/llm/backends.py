@@ -197,6 +197,8 @@ class AnthropicChat(_Base):
         base_url: API root (``None``: the SDK's default or ``ANTHROPIC_BASE_URL``).
         timeout_s: seconds per request attempt; max_retries: SDK retries (429, 5xx, connection errors).
         price: USD per million tokens (see :func:`orchestry.llm.cost.require_price`).
+        seed: the run's seed (``api_grpo.seed``). The Messages API takes no seed, so it is only part of the
+            cache identity: each seed of a sweep gets its own samples instead of replaying another seed's.
 
     Raises:
         BackendConfigError: the key variable is unset or empty (before any request).
@@ -213,6 +215,7 @@ class AnthropicChat(_Base):
         max_retries: int = 4,
         concurrency: int = 4,
         price: Price = FREE,
+        seed: int = 0,
     ):
         import anthropic
 
@@ -223,14 +226,17 @@ class AnthropicChat(_Base):
                 "(or name another variable in api_grpo.api_key_env); to run offline set api_grpo.backend: local"
             )
         self.model, self.price, self.concurrency = model, price, concurrency
-        self.api_key_env, self.base_url = api_key_env, base_url
+        self.api_key_env, self.base_url, self.seed = api_key_env, base_url, seed
         self._anthropic = anthropic
         self.client = anthropic.Anthropic(
             api_key=key, base_url=base_url, max_retries=max_retries, timeout=timeout_s
         )
 
     def identity(self) -> dict:
-        return {"backend": self.backend, "model": self.model}
+        """Backend, model, the server actually used (``base_url``, ``ANTHROPIC_BASE_URL`` or the SDK's default)
+        and the seed; the request key adds messages, system prompt, sampling parameters and sample index."""
+        server = str(self.client.base_url).rstrip("/")
+        return {"backend": self.backend, "model": self.model, "base_url": server, "seed": self.seed}
 
     def preflight(self) -> None:
         """List models once (free, no retries): unreachable server or rejected key fail here.
@@ -300,7 +306,8 @@ class OpenAICompatibleChat(_Base):
         model: the server's model name.
         base_url: API root including the version, e.g. ``http://localhost:8000/v1``.
         api_key_env: variable holding a bearer key (``None``: send none; most local servers need none).
-        seed: sent as ``seed + sample_index`` (servers that support it then answer reproducibly).
+        seed: sent mixed with the sample index (:meth:`request_seed`; servers that support it then answer
+            reproducibly, and two seeds of a sweep never share a sample).
 
     Raises:
         BackendConfigError: ``base_url`` missing, or ``api_key_env`` named but unset.
@@ -339,6 +346,11 @@ class OpenAICompatibleChat(_Base):
 
     def identity(self) -> dict:
         return {"backend": self.backend, "model": self.model, "base_url": self.base_url, "seed": self.seed}
+
+    def request_seed(self, sample_index: int) -> int:
+        """The server seed of sample ``sample_index``: ``seed * 1000003 + sample_index`` (mod 2^31), so seed 0
+        sends the sample index itself and seed 1's samples are not seed 0's next ones."""
+        return (self.seed * 1_000_003 + sample_index) % (2**31)
 
     def _http(self, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, dict, dict]:
         """``(status, headers, json)``; raises ``urllib.error.URLError`` on connection failure."""
@@ -399,7 +411,7 @@ class OpenAICompatibleChat(_Base):
             "model": self.model,
             "messages": msgs,
             "max_tokens": request.max_tokens,
-            "seed": self.seed + request.sample_index,
+            "seed": self.request_seed(request.sample_index),
         }
         if request.temperature is not None:
             body["temperature"] = request.temperature
@@ -517,11 +529,15 @@ class LocalChat(_Base):
             self.hf_model.eval()
 
     def identity(self) -> dict:
+        """Model, weights, dtype, seed, ``batch_size`` (a generate call is seeded from the requests it holds)
+        and ``stop_at_code_end``: everything besides the request that changes a sample."""
         return {
             "backend": self.backend,
             "model": self.model,
             "weights": self._fingerprint,
+            "dtype": None if self._fingerprint.startswith("in-memory:") else self.dtype,
             "seed": self.seed,
+            "batch_size": self.batch_size,
             "stop_at_code_end": self.stop_at_code_end,
         }
 
@@ -622,6 +638,7 @@ def make_backend(
             max_retries=max_retries,
             concurrency=concurrency,
             price=price,
+            seed=seed,
         )
     if backend == "openai_compatible":
         return OpenAICompatibleChat(

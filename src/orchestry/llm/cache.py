@@ -1,10 +1,12 @@
 """Persistent response cache (sqlite) and the wrapper that puts cache, cost and budget in front of a backend.
 
-Key: SHA-256 of the backend's identity (backend, model, and for the local backend the weights' fingerprint
-and seed) plus the request's messages, system prompt, sampling parameters and sample index
+Key: SHA-256 of the backend's identity (``identity()``: backend, model, server URL and seed for the API
+backends; weights' fingerprint, dtype, seed and batch size for the local one) plus the request's messages,
+system prompt, sampling parameters (max_tokens, temperature, top_p) and sample index
 (:meth:`orchestry.llm.backends.ChatRequest.key_fields`). The same stage run twice with the same params
-therefore sends no request the second time, and a run stopped by the budget or a crash resumes for free
-up to where it stopped.
+therefore sends no request the second time, a run stopped by the budget or a crash resumes for free up to
+where it stopped, and runs that differ in anything that changes a sample (e.g. the seeds of a sweep) never
+share one.
 
 Each response is charged to the cost tracker and returned as soon as it arrives, then committed to the cache;
 a failed write (a file locked by another process fails after ``timeout_s``) is retried, and a write that still
