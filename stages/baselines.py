@@ -7,6 +7,7 @@ import time
 import mlflow
 
 from orchestry.baselines import run_method
+from orchestry.config import BASELINE_METHODS
 from orchestry.metrics import summarize
 from orchestry.problems import read_jsonl
 from orchestry.runtime import load_policy, open_sandbox, start_stage, write_json, write_jsonl
@@ -15,7 +16,7 @@ from orchestry.tracking import log_metrics, stage_run
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--method", required=True, choices=["single", "concat", "sequential", "discussion"])
+    ap.add_argument("--method", required=True, choices=BASELINE_METHODS)
     args = ap.parse_args()
     params = start_stage(f"baselines@{args.method}")
     cfg = params.baselines

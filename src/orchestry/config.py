@@ -2,15 +2,30 @@
 
 Field names follow TRL's GRPOConfig where one exists (``num_generations``, ``max_completion_length``,
 ``temperature``, ``top_p``, ``learning_rate``, ``beta``).
+
+The defaults here are the committed ``params.yaml`` (the laptop setting; a test keeps them equal). Every
+number has a finite range (``inf``/``nan`` are rejected), lists of names are non-empty, and a key written twice
+in the YAML file (at any depth, a repeated section included) is an error, not "the last one wins".
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+BaselineMethod = Literal["single", "concat", "sequential", "discussion"]
+BASELINE_METHODS: tuple[str, ...] = get_args(BaselineMethod)
+"""The MAGRPO paper's baselines (``baselines.methods``, ``stages/baselines.py --method``)."""
+AdvantageMode = Literal["mean", "mean_std", "rloo", "max", "raw"]
+ADVANTAGE_MODES: tuple[str, ...] = get_args(AdvantageMode)
+"""``train_magrpo.advantage`` (see :func:`orchestry.algorithms.magrpo.group_advantages`)."""
+
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="RNG seed")]
+Name = Annotated[str, Field(min_length=1)]
+BIG = 1_000_000  # upper bound of counts that have no natural one (steps, problems, bootstrap resamples)
 
 
 class ParamsError(ValueError):
@@ -18,11 +33,18 @@ class ParamsError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _unique(values: list | None) -> list | None:
+    dup = sorted({v for v in values or [] if values.count(v) > 1})
+    if dup:
+        raise ValueError(f"listed twice: {', '.join(map(str, dup))}")
+    return values
 
 
 class ModelParams(_Section):
-    path: str = Field(
+    path: Name = Field(
         "models/base",
         description="local folder of the base model (safetensors + tokenizer); `prepare` always writes the "
         "embedded model to models/base",
@@ -38,83 +60,116 @@ class SamplingParams(_Section):
 
 
 class PrepareParams(_Section):
-    source: str = Field("humaneval", description="'humaneval' or a HumanEval-format JSON/JSONL file")
+    source: Name = Field("humaneval", description="'humaneval' or a HumanEval-format JSON/JSONL file")
     split: Literal["magrpo", "random"] = "magrpo"
-    fractions: tuple[float, float, float] = Field((0.2, 0.6, 0.2), description="val/train/test for 'random'")
-    seed: int = 0
+    fractions: tuple[
+        Annotated[float, Field(ge=0, le=1)],
+        Annotated[float, Field(ge=0, le=1)],
+        Annotated[float, Field(ge=0, le=1)],
+    ] = Field((0.2, 0.6, 0.2), description="val/train/test shares for 'random' (each >= 0, sum 1)")
+    seed: Seed = 0
+
+    @field_validator("fractions")
+    @classmethod
+    def _sum_to_one(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        if abs(sum(v) - 1.0) > 1e-6:
+            raise ValueError(f"val/train/test fractions must sum to 1, got {sum(v):g}")
+        return v
 
 
 class SandboxParams(_Section):
     timeout_s: float = Field(
-        1.0, gt=0, description="seconds per assert and for loading (wall time minus time waiting for a CPU)"
+        1.0,
+        gt=0,
+        le=3600,
+        description="seconds per assert and for loading (wall time minus time waiting for a CPU)",
     )
-    memory_mb: int = Field(1024, ge=64)
-    workers: int | None = Field(None, ge=1, description="parallel programs (default: CPU count)")
+    memory_mb: int = Field(1024, ge=64, le=1 << 20)
+    workers: int | None = Field(None, ge=1, le=1024, description="parallel programs (default: CPU count)")
     max_timeouts: int | None = Field(
-        1, ge=1, description="a program stops after this many timed-out asserts (null: run every assert)"
+        1,
+        ge=1,
+        le=BIG,
+        description="a program stops after this many timed-out asserts (null: run every assert)",
     )
 
 
 class BaselinesParams(_Section):
-    methods: list[Literal["single", "concat", "sequential", "discussion"]] = Field(
-        default_factory=lambda: ["single", "concat", "sequential", "discussion"],
-        description="expanded by dvc.yaml's matrix into one stage per method",
+    methods: list[BaselineMethod] = Field(
+        default_factory=lambda: list(BASELINE_METHODS),
+        min_length=1,
+        description=f"expanded by dvc.yaml's matrix into one stage per method: {' | '.join(BASELINE_METHODS)}",
     )
-    num_samples: int = Field(1, ge=1, description="samples per problem (k of pass@k)")
-    max_problems: int | None = Field(None, ge=1, description="cap on test problems (None: whole split)")
-    batch_size: int = Field(64, ge=1, description="rows per generate call")
-    seed: int = 0
+    num_samples: int = Field(1, ge=1, le=1000, description="samples per problem (k of pass@k)")
+    max_problems: int | None = Field(16, ge=1, le=BIG, description="cap on test problems (None: whole split)")
+    batch_size: int = Field(64, ge=1, le=4096, description="rows per generate call")
+    seed: Seed = 0
+
+    _methods_unique = field_validator("methods")(_unique)
 
 
 class TrainMagrpoParams(_Section):
-    num_steps: int = Field(16, ge=1, description="policy updates")
-    problems_per_step: int = Field(2, ge=1, description="problems whose groups form one update")
-    num_generations: int = Field(4, ge=2, description="G: completions per agent per problem")
-    learning_rate: float = Field(1e-3, gt=0, description="AdamW learning rate of each LoRA adapter")
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
-    advantage: Literal["mean", "mean_std", "rloo", "max", "raw"] = "mean"
-    beta: float = Field(0.0, ge=0, description="KL weight to the reference (base) policy; 0 disables")
-    lora_r: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
+    num_steps: int = Field(16, ge=1, le=BIG, description="policy updates")
+    problems_per_step: int = Field(1, ge=1, le=4096, description="problems whose groups form one update")
+    num_generations: int = Field(4, ge=2, le=1024, description="G: completions per agent per problem")
+    learning_rate: float = Field(1e-3, gt=0, le=1, description="AdamW learning rate of each LoRA adapter")
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6)
+    advantage: AdvantageMode = Field(
+        "mean", description=f"group-relative advantage: {' | '.join(ADVANTAGE_MODES)} (paper: mean)"
+    )
+    beta: float = Field(0.0, ge=0, le=1e3, description="KL weight to the reference (base) policy; 0 disables")
+    lora_r: int = Field(16, ge=1, le=4096)
+    lora_alpha: int = Field(32, ge=1, le=1 << 16)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    target_modules: list[Name] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
+    )
     bf16_update: bool = Field(True, description="bf16 autocast for the training forward/backward")
-    checkpoint_every: int = Field(4, ge=1)
-    max_problems: int | None = Field(None, ge=1, description="cap on train problems (None: whole split)")
-    seed: int = 0
+    checkpoint_every: int = Field(4, ge=1, le=BIG)
+    max_problems: int | None = Field(4, ge=1, le=BIG, description="cap on train problems (None: whole split)")
+    seed: Seed = 0
     micro_batch_tokens: int = Field(
         1024,
         ge=1,
+        le=1 << 20,
         description="tokens (prompt + completions) per training forward/backward; fixed, so the adapters do not "
         "depend on the machine's free memory. 1024: about 3.3 GiB of activations for the default 135M model "
         "in fp32 (3.5 MB per token), which fits a 24 GiB laptop; lower it for larger models",
     )
 
+    _modules_unique = field_validator("target_modules")(_unique)
+
 
 class EvaluateParams(_Section):
-    num_samples: int = Field(2, ge=1, description="k: samples per problem for pass@k / accuracy@k")
-    max_problems: int | None = Field(None, ge=1)
-    batch_size: int = Field(64, ge=1, description="rows per generate call")
-    seed: int = 1
+    num_samples: int = Field(2, ge=1, le=1000, description="k: samples per problem for pass@k / accuracy@k")
+    max_problems: int | None = Field(16, ge=1, le=BIG, description="cap on test problems (None: whole split)")
+    batch_size: int = Field(64, ge=1, le=4096, description="rows per generate call")
+    seed: Seed = 1
 
 
 class DetectSchemesParams(_Section):
-    methods: list[str] | None = Field(None, description="methods to analyse (None: every evaluated method)")
+    methods: list[Name] | None = Field(
+        None, min_length=1, description="methods to analyse (None: every evaluated method)"
+    )
+
+    _methods_unique = field_validator("methods")(_unique)
 
 
 class ModelPrice(_Section):
-    input_usd_per_mtok: float = Field(..., ge=0, description="USD per million input (prompt) tokens")
-    output_usd_per_mtok: float = Field(..., ge=0, description="USD per million output (completion) tokens")
+    input_usd_per_mtok: float = Field(..., ge=0, le=1e6, description="USD per million input (prompt) tokens")
+    output_usd_per_mtok: float = Field(
+        ..., ge=0, le=1e6, description="USD per million output (completion) tokens"
+    )
 
 
 class ApiGrpoJudgeParams(_Section):
     enabled: bool = Field(False, description="mix an LLM judge's 0-10 scores into the value estimator")
     model: str | None = Field(None, description="judge model on the same backend (None: api_grpo.model)")
     weight: float = Field(0.3, ge=0, le=1, description="share of the value from the judge (rest: executable)")
-    quality_weight: float = Field(1.0, ge=0)
-    collaboration_weight: float = Field(1.0, ge=0)
-    efficiency_weight: float = Field(1.0, ge=0)
+    quality_weight: float = Field(1.0, ge=0, le=1e3)
+    collaboration_weight: float = Field(1.0, ge=0, le=1e3)
+    efficiency_weight: float = Field(1.0, ge=0, le=1e3)
     on_partial: bool = Field(False, description="also judge unfinished trajectories when pruning the beam")
     extract_behaviors: bool = Field(True, description="also ask the judge for guidelines from top episodes")
     max_tokens: int = Field(64, ge=8, le=4096)
@@ -126,10 +181,14 @@ class ApiGrpoParams(_Section):
     base_url: str | None = Field(None, description="server URL (required for openai_compatible, e.g. .../v1)")
     api_key_env: str | None = Field(None, description="env var with the key (None: ANTHROPIC_API_KEY / none)")
     task: Literal["code_collaboration", "code_review"] = "code_collaboration"
-    k_samples: int = Field(2, ge=1, description="k: sampled responses per beam trajectory per turn")
-    beam_width: int = Field(2, ge=1, description="N: trajectories kept after each turn")
-    num_episodes: int = Field(4, ge=1, description="training episodes (one beam search on one train problem)")
-    behavior_every: int = Field(2, ge=1, description="m: refresh the behaviour library every m episodes")
+    k_samples: int = Field(2, ge=1, le=64, description="k: sampled responses per beam trajectory per turn")
+    beam_width: int = Field(2, ge=1, le=64, description="N: trajectories kept after each turn")
+    num_episodes: int = Field(
+        4, ge=1, le=BIG, description="training episodes (one beam search on one train problem)"
+    )
+    behavior_every: int = Field(
+        2, ge=1, le=BIG, description="m: refresh the behaviour library every m episodes"
+    )
     top_fraction: float = Field(
         0.2, gt=0, le=0.5, description="top (and bottom) share of trajectories compared"
     )
@@ -138,7 +197,7 @@ class ApiGrpoParams(_Section):
         True, description="code_collaboration: main's prompt shows the helper's code"
     )
     judge: ApiGrpoJudgeParams = ApiGrpoJudgeParams()
-    budget_usd: float | None = Field(1.0, ge=0, description="hard spending cap (None: no cap)")
+    budget_usd: float | None = Field(1.0, ge=0, le=1e6, description="hard spending cap (None: no cap)")
     eval_budget_fraction: float = Field(
         0.3, ge=0, lt=1, description="share of the budget kept for the test eval"
     )
@@ -149,26 +208,26 @@ class ApiGrpoParams(_Section):
     )
     top_p: float | None = Field(None, gt=0, le=1, description="None: sampling's (anthropic: model default)")
     max_problems_eval: int = Field(
-        6, ge=1, description="test problems of the with/without-behaviours comparison"
+        6, ge=1, le=BIG, description="test problems of the with/without-behaviours comparison"
     )
-    eval_samples: int = Field(1, ge=1, description="episodes per test problem and arm")
-    cache_path: str = Field(".orchestry/api_grpo_cache.sqlite", description="response cache (repo-relative)")
-    timeout_s: float = Field(60.0, gt=0, description="seconds per API request (SDK timeout)")
-    max_retries: int = Field(4, ge=0, description="SDK retries on 429/5xx/connection errors")
-    concurrency: int = Field(4, ge=1, description="parallel API requests")
-    local_batch_size: int = Field(32, ge=1, description="rows per generate call (local backend)")
+    eval_samples: int = Field(1, ge=1, le=1000, description="episodes per test problem and arm")
+    cache_path: Name = Field(".orchestry/api_grpo_cache.sqlite", description="response cache (repo-relative)")
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds per API request (SDK timeout)")
+    max_retries: int = Field(4, ge=0, le=100, description="SDK retries on 429/5xx/connection errors")
+    concurrency: int = Field(4, ge=1, le=256, description="parallel API requests")
+    local_batch_size: int = Field(32, ge=1, le=4096, description="rows per generate call (local backend)")
     preflight: bool = Field(True, description="check key and server before any work")
-    seed: int = 0
+    seed: Seed = 0
 
 
 class PlotParams(_Section):
     dpi: int = Field(120, ge=50, le=600)
     confidence: float = Field(0.95, gt=0, lt=1)
-    bootstrap: int = Field(1000, ge=100)
+    bootstrap: int = Field(1000, ge=100, le=BIG)
 
 
 class MlflowParams(_Section):
-    experiment: str = "orchestry"
+    experiment: Name = "orchestry"
     tracking_uri: str | None = Field(None, description="default: sqlite:///<repo root>/mlflow.db")
 
 
@@ -229,15 +288,66 @@ def parse_params(data: dict | None, source: str = "params.yaml") -> Params:
         raise ParamsError(format_validation_error(e, source)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key written twice in one mapping is an error (PyYAML keeps the last one, so a
+    repeated section would silently reset its other keys to the defaults)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._check_unique_keys(node, (), set())
+        return super().construct_document(node)
+
+    def _check_unique_keys(self, node: yaml.Node, path: tuple[str, ...], visited: set[int]) -> None:
+        if id(node) in visited:  # an alias of an anchor already checked (or a recursive one)
+            return
+        visited.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._check_unique_keys(item, (*path, str(i)), visited)
+            return
+        if not isinstance(node, yaml.MappingNode):
+            return
+        first_line: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: explicit keys may override it
+                self._check_unique_keys(value_node, path, visited)
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in first_line:
+                    name = ".".join((*path, str(key)))
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"line {line}: duplicate key '{name}' (first at line {first_line[key]}); "
+                        "remove one of them",
+                        key_node.start_mark,
+                    )
+                first_line[key] = line
+            except TypeError:  # an unhashable key: the constructor reports it
+                pass
+            self._check_unique_keys(value_node, (*path, str(key)), visited)
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate ``params.yaml`` (see :func:`parse_params`)."""
+    """Read and validate ``params.yaml`` (see :func:`parse_params`).
+
+    Raises:
+        ParamsError: the file is missing or unreadable, not YAML, has a key twice, or a bad key/value.
+    """
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path} not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ParamsError(f"{path} cannot be read: {e}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ParamsError(f"{path} is not valid YAML: {e}") from None
+    except RecursionError:
+        raise ParamsError(f"{path} is not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise ParamsError(f"{path} must be a mapping of sections, got {type(data).__name__}")
     return parse_params(data, str(path))

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import random
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,8 +24,9 @@ def start_stage(name: str, params_path: str = "params.yaml") -> Params:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         params = load_params(params_path)
-    except ParamsError as e:
-        raise SystemExit(f"error: {e}") from None
+    except ParamsError as e:  # exit code 2 (bad input), like the CLI; the message names each bad key
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     import torch
 
     torch.manual_seed(0)

@@ -3,6 +3,9 @@
 The store is ``sqlite:///<root>/mlflow.db`` and artifacts go to ``<root>/mlartifacts``, where ``<root>`` is
 ``DVC_ROOT`` when DVC sets it (``dvc exp run --temp/--queue`` runs in a copy; results must land in the real
 repository) and the current directory otherwise. View with ``mlflow ui --backend-store-uri sqlite:///mlflow.db``.
+
+A stage run ends FINISHED, FAILED (an exception) or KILLED (SIGTERM, e.g. from ``dvc exp`` or a job scheduler,
+or Ctrl-C): it never stays RUNNING after its process is gone.
 """
 
 from __future__ import annotations
@@ -10,13 +13,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("orchestry.tracking")
+
+
+class StageTerminated(SystemExit):
+    """SIGTERM arrived during :func:`stage_run`; the process exits with code 128 + SIGTERM (143)."""
 
 
 def repo_root() -> Path:
@@ -66,7 +75,10 @@ def stage_run(
     """Open an MLflow run for one stage execution; log params, tags and wall seconds.
 
     Tags: ``stage``, ``git_revision``, ``dvc_experiment`` (``DVC_EXP_NAME`` when set). The metric
-    ``cost/wall_seconds`` is logged when the block ends (also on error, the run is then marked FAILED).
+    ``cost/wall_seconds`` is logged when the block ends. The run ends FINISHED, FAILED on an exception, or
+    KILLED on Ctrl-C or SIGTERM: inside the block (main thread only) a SIGTERM handler ends the run KILLED at
+    once, then raises :class:`StageTerminated` so the stage unwinds (sandboxes, files closed) and the process
+    exits 143; the previous handler is restored when the block ends.
 
     Yields:
         the active ``mlflow.ActiveRun``.
@@ -82,14 +94,50 @@ def stage_run(
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
     t0 = time.time()
-    with mlflow.start_run(run_name=stage, tags=tags) as run:
+    run = mlflow.start_run(run_name=stage, tags=tags)
+    run_id = run.info.run_id
+
+    def finish(status: str) -> None:
+        """Log the wall seconds and end the run with ``status``, unless it has ended already."""
+        active = mlflow.active_run()
+        if active is None or active.info.run_id != run_id:
+            return
+        try:
+            mlflow.log_metric("cost/wall_seconds", time.time() - t0)
+        finally:
+            mlflow.end_run(status=status)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the clean-up
+        log.warning("%s: SIGTERM, ending MLflow run %s as KILLED", stage, run_id)
+        try:
+            finish("KILLED")
+        except Exception as e:  # interrupted inside an MLflow call: ended again below, after unwinding
+            log.warning("could not end the MLflow run in the signal handler (%s); retrying on exit", e)
+        raise StageTerminated(128 + signum)
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    status = "FAILED"
+    try:
         flat = {k: (str(v)[:500] if v is not None else "None") for k, v in _flatten(params).items()}
         if flat:
             mlflow.log_params(flat)
+        yield run
+        status = "FINISHED"
+    except (StageTerminated, KeyboardInterrupt):
+        status = "KILLED"
+        raise
+    except SystemExit as e:
+        status = "FINISHED" if e.code in (0, None) else "FAILED"
+        raise
+    finally:
         try:
-            yield run
+            finish(status)
         finally:
-            mlflow.log_metric("cost/wall_seconds", time.time() - t0)
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def metric_name(key: str) -> str:
