@@ -114,7 +114,9 @@ class TrainMagrpoParams(_Section):
     num_generations: int = Field(4, ge=2, le=1024, description="G: completions per agent per problem")
     learning_rate: float = Field(1e-3, gt=0, le=1, description="AdamW learning rate of each LoRA adapter")
     weight_decay: float = Field(0.0, ge=0, le=1)
-    max_grad_norm: float = Field(1.0, gt=0, le=1e6)
+    max_grad_norm: float = Field(
+        1.0, gt=0, le=1e12, description="gradient-norm clip per adapter (huge: none)"
+    )
     advantage: AdvantageMode = Field(
         "mean", description=f"group-relative advantage: {' | '.join(ADVANTAGE_MODES)} (paper: mean)"
     )
