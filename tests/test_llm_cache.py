@@ -38,7 +38,11 @@ def _reqs(n: int = 3) -> list[ChatRequest]:
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "concurrent"])
 def test_locked_cache_file_loses_no_paid_response(tmp_path, caplog, batched) -> None:
     path = tmp_path / "cache.sqlite"
-    cache = ResponseCache(path, timeout_s=0.1, retry_wait_s=0.01)  # a locked file fails after 0.1 s, not 5 s
+    cache = ResponseCache(path)
+    cache._db.execute(
+        "PRAGMA busy_timeout = 100"
+    )  # as timeout_s=0.1: a locked file fails after 0.1 s, not 5 s
+    cache.retry_wait_s = 0.01
     other = sqlite3.connect(path, isolation_level=None)
     other.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
     tracker = CostTracker(budget_usd=10.0)
