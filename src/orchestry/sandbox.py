@@ -522,7 +522,7 @@ class Sandbox:
         isolation: str = "auto",
         *,
         wall_factor: float = 10.0,
-        max_message_mb: int = 32,
+        max_message_mb: int = 4,
         max_timeouts: int | None = 1,
     ) -> None:
         if not timeout_s > 0:
