@@ -7,7 +7,7 @@ One invocation trains both on the same work and prints their speed, memory and r
   one epoch, one turn, two agents (helper writes ``aux``, main the entry point), G = 4 joint actions,
   at most 128 new tokens, temperature 0.8, top-p 0.95, no top-k;
 * the same plain-text prompts (system line + user message, no chat template: CoMLRL cuts a chat-templated
-  prompt at the first pad token, and this model's pad token ends each chat turn; see FACTS.md);
+  prompt at the first pad token, and this model's pad token ends each chat turn; see benchmarks/README.md);
 * the same reward: ``orchestry.rewards.code.level_rewards`` run in an ``orchestry.sandbox.Sandbox`` (wrapped
   for CoMLRL with the keyword-only ``batch_items`` signature it needs to pass the problem);
 * the same learning signal: A_g = R_g - mean(R) (CoMLRL's ``advantage_normalization`` off, as in the paper),

@@ -1,9 +1,9 @@
 """The 4-bit (QLoRA) path on CPU: an NF4 base loaded by bitsandbytes through ``load_model(..., load_in_4bit=True)``,
 one LoRA adapter per agent (``attach_adapters(..., quantized=True)``), one MAGRPO update.
 
-bitsandbytes 0.50 runs NF4 on CPU (FACTS.md); the model is a tiny random Llama saved to a temporary folder, so
-the test needs no real weights. It may log that an optimised CPU kernel could not be fetched (a Hub download):
-harmless, it falls back.
+bitsandbytes 0.50 runs NF4 on CPU (docs/scaling.md, "4-bit base"); the model is a tiny random Llama saved to a
+temporary folder, so the test needs no real weights. It may log that an optimised CPU kernel could not be
+fetched (a Hub download): harmless, it falls back.
 """
 
 import pytest

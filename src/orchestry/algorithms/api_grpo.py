@@ -1,7 +1,7 @@
 """API-GRPO: policy optimisation through search, for models reachable only through an API (Orchestry).
 
 Nothing is learned in the weights. One *episode* is a beam search over one problem's multi-agent transcript
-(ALGORITHMS.md, "API-GRPO"):
+(docs/algorithms.md, section 4):
 
     beam_0 = {empty trajectory}
     for turn t = 1..T (the agent of turn t acts):

@@ -1,6 +1,6 @@
 """The behaviour library of API-GRPO: what separates the best trajectories from the worst, as prompt guidelines.
 
-Every m episodes (ALGORITHMS.md, "API-GRPO"):
+Every m episodes (docs/algorithms.md, section 4):
 
 1. pool every complete trajectory of the episodes so far with its group-relative advantage
    ``A = R - mean_group R`` (so a hard problem's trajectories are compared with each other, not with an

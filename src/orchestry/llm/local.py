@@ -45,7 +45,7 @@ def convert_embedded_model(out_dir: str | Path) -> dict:
     """Dequantise the embedded GGUF and save it as safetensors + tokenizer under ``out_dir``.
 
     ``save_pretrained`` refuses a GGUF-loaded model, so a fresh model is built from its config (without the
-    quantization config) and the dequantised weights are loaded into it (FACTS.md).
+    quantization config) and the dequantised weights are loaded into it.
 
     Returns:
         ``{"parameters": int, "seconds": float, "bytes": int, "source": str}``. ``orchestry_model.json`` in
@@ -176,8 +176,8 @@ def attach_adapters(
 def cpu_bf16_supported() -> bool:
     """True when this CPU runs bf16 matmuls natively (oneDNN: AVX-512 BF16 / AMX class CPUs).
 
-    Elsewhere bf16 is emulated and far slower than fp32: measured on an AVX2-only AMD EPYC, a 2048² matmul ran at
-    0.3 GFLOP/s in bf16 against 75 GFLOP/s in fp32, and a LoRA forward+backward 6x slower under bf16 autocast.
+    Elsewhere bf16 is emulated and far slower than fp32 (figures for an AVX2-only CPU in benchmarks/README.md,
+    "bf16 on a CPU without AVX-512 BF16").
     """
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -271,8 +271,8 @@ def _prefix_cache(model, ids: torch.Tensor, mask: torch.Tensor, groups, max_len:
 
     The last prompt token is left out so that ``generate`` still has a token to process. The cache is a
     transformers ``StaticCache`` of ``max_len`` positions: decoding writes each new position in place, where
-    the default dynamic cache re-allocates and copies the whole cache at every step (measured: a fifth of the
-    decoding time at 32 rows, see benchmarks/README.md).
+    the default dynamic cache re-allocates and copies the whole cache at every step (its cost is measured in
+    benchmarks/README.md, "Decoding details").
     """
     from transformers import DynamicCache
 
@@ -306,7 +306,8 @@ class _FenceStop:
     """Per-row stopping: a row is done once its completion closes a ```-fenced code block.
 
     The embedded model answers with a fenced block followed by prose; everything after the closing fence is
-    wasted decoding (FACTS.md). Returns a ``[B]`` bool tensor as transformers expects.
+    wasted decoding (gain measured in benchmarks/README.md, levers table). Returns a ``[B]`` bool tensor as
+    transformers expects.
     """
 
     def __init__(self, tokenizer, prompt_width: int):

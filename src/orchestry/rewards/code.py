@@ -15,15 +15,15 @@ Source: MAGRPO paper (arXiv 2508.04652, code-generation reward) and the authors'
 
 Differences from the authors' regex-based code, all deliberate: definitions, wrappers and ignored values are
 read from the AST (see :mod:`orchestry.schemes`), so a shadowed ``aux`` is not a call to the helper; the
-entry point only needs to be defined (ALGORITHMS.md), not to contain ``return``; the tested program is the
-extracted code of both agents as written (not only the two functions cut out of it).
+entry point only needs to be defined (docs/algorithms.md, section 2), not to contain ``return``; the tested
+program is the extracted code of both agents as written (not only the two functions cut out of it).
 
 A main that redefines ``aux`` is tested as written -- the later definition wins at run time, so the tests
 run main's own copy -- but it gets no cooperation bonus (its calls do not reach the helper), and the reasons
 say so. (The authors' later code zeroes such samples; this module keeps the gentler rule.)
 
 Model answers are first reduced to code with :func:`extract_code` (the embedded SmolLM2 answers with a
-```` ```python ```` fence followed by prose, see FACTS.md).
+```` ```python ```` fence followed by prose, see docs/algorithms.md, section 1).
 """
 
 from __future__ import annotations

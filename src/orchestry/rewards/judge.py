@@ -2,10 +2,10 @@
 
 The judge sees the problem, every agent's answer (with its token count) and the executable result, and must
 answer three lines ``QUALITY: <0-10>``, ``COLLABORATION: <0-10>``, ``EFFICIENCY: <0-10>``. Parsing follows
-the MAPPA coach recipe (ALGORITHMS.md, "Coach process rewards"): a regex per score, clamped to [0, 10]; on
-a bad format ask once more; then take the first numbers found in the answer; a score still missing, or an
-API failure, becomes the neutral 5.0 and is counted. Judge calls go through the same cached, costed,
-budgeted client as the agents (tag ``judge``), so a budget stop raised during judging propagates.
+the MAPPA coach recipe (arXiv 2601.23228; docs/algorithms.md, "LLM judge"): a regex per score, clamped to
+[0, 10]; on a bad format ask once more; then take the first numbers found in the answer; a score still
+missing, or an API failure, becomes the neutral 5.0 and is counted. Judge calls go through the same cached,
+costed, budgeted client as the agents (tag ``judge``), so a budget stop raised during judging propagates.
 """
 
 from __future__ import annotations
