@@ -87,11 +87,32 @@ def load_policy(params: Params, with_adapters: str | None = None):
     return model, tok
 
 
+def stage_inputs(stage: str, dvc_file: str | Path = "dvc.yaml") -> tuple[list[str], list[str]]:
+    """``(deps, params)`` of a DVC stage as declared in ``dvc_file`` (params: section or ``section.key`` names).
+
+    ``tests/test_dvc_deps.py`` keeps each stage's deps complete (every source file it runs, every other
+    stage's output it reads) and its params complete, so this is everything the stage reads.
+
+    Raises:
+        KeyError: ``stage`` is not in ``dvc_file``.
+        ValueError: ``stage`` is a ``matrix``/``foreach`` stage or its deps use ``${...}`` templating (not
+            expanded here).
+    """
+    import yaml
+
+    spec = yaml.safe_load(Path(dvc_file).read_text())["stages"][stage]
+    deps = list(spec.get("deps", []))
+    if "matrix" in spec or "foreach" in spec or any("${" in str(d) for d in deps):
+        raise ValueError(f"stage {stage}: templated stages are not supported here")
+    params = [p if isinstance(p, str) else next(iter(p)) for p in spec.get("params", [])]
+    return deps, params
+
+
 def stage_inputs_key(
     stage: str, params: Params, dvc_file: str | Path = "dvc.yaml", exclude: Iterable[str] = ()
 ) -> str:
-    """SHA-256 of what a DVC stage reads: its ``deps`` in ``dvc_file`` and its ``params`` sections except
-    ``exclude`` (e.g. the section a trainer compares itself).
+    """SHA-256 of what a DVC stage reads (:func:`stage_inputs`): its ``deps`` in ``dvc_file`` and its
+    ``params`` except ``exclude`` (e.g. the section a trainer compares itself).
 
     Files up to 16 MiB are hashed whole; larger ones by size and their first and last MiB (model weights:
     deterministic outputs of ``prepare``, 0.5 GB). Used as a checkpoint's resume key: a stage re-run because a
@@ -102,22 +123,19 @@ def stage_inputs_key(
     """
     import hashlib
 
-    import yaml
-
     from orchestry.fingerprint import update_with_head_and_tail
 
-    spec = yaml.safe_load(Path(dvc_file).read_text())["stages"][stage]
+    deps, declared = stage_inputs(stage, dvc_file)
     h = hashlib.sha256()
     skip = set(exclude)
-    sections = [p if isinstance(p, str) else next(iter(p)) for p in spec.get("params", [])]
-    sections = [s for s in sections if s not in skip]
+    sections = [s for s in declared if s not in skip]
     dumped = params.model_dump(mode="json")
     for name in sorted(sections):
         value = dumped
         for part in name.split("."):
             value = value.get(part) if isinstance(value, dict) else None
         h.update(json.dumps([name, value], sort_keys=True).encode())
-    for dep in sorted(spec.get("deps", [])):
+    for dep in sorted(deps):
         root = Path(dep)
         files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else [root]
         for f in files:

@@ -1,0 +1,371 @@
+"""dvc.yaml declares exactly what each stage reads, derived from the code (so the list cannot drift).
+
+For every stage (matrix stages expanded by DVC itself):
+
+* source files: the stage script and every ``orchestry`` module it imports, transitively (module- and
+  function-level imports, packages resolved to their ``__init__.py``, relative imports; ``if TYPE_CHECKING:``
+  blocks never run and are skipped; a sibling file named in a string, such as the sandbox's
+  ``_sandbox_child.py``, counts as read). Each must be a dep, and no other source file may be one.
+* params: every ``params.<section>[.<key>]`` the script reads (directly, through an alias such as
+  ``cfg = params.evaluate``, or inside an ``orchestry`` function it hands ``params`` to) must be declared.
+  ``mlflow`` is exempt: it says where runs are logged, not what a stage computes.
+* data: a path literal in the script that is (under) another stage's output, and a path-valued param the
+  script reads (``model.path``), must be a dep.
+"""
+
+from __future__ import annotations
+
+import ast
+import shlex
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+PKG = "orchestry"
+EXEMPT_SECTIONS = {"mlflow"}  # where MLflow runs go; no stage output depends on it
+LOGGING_ONLY = {"model_dump"}  # `cfg.model_dump()` is logged to MLflow, not computed with
+
+
+# ---------------------------------------------------------------- source files: an AST walk over imports
+
+
+def _module_file(dotted: str) -> Path | None:
+    """File of an ``orchestry`` module or package (``__init__.py``); None if there is none."""
+    base = SRC.joinpath(*dotted.split("."))
+    for f in (base.with_suffix(".py"), base / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def _module_name(f: Path) -> str:
+    parts = list(f.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node except those under ``if TYPE_CHECKING:`` (its ``else`` branch does run)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _with_parents(dotted: str) -> list[str]:
+    """``a.b.c`` -> ``a``, ``a.b``, ``a.b.c`` (importing a module runs each parent package's __init__)."""
+    parts = dotted.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _direct_reads(f: Path) -> set[Path]:
+    """Files of the orchestry modules ``f`` imports, and sibling files it names in strings."""
+    tree = ast.parse(f.read_text(), str(f))
+    in_pkg = f.is_relative_to(SRC)
+    package = ""
+    if in_pkg:
+        package = _module_name(f) if f.name == "__init__.py" else _module_name(f).rpartition(".")[0]
+    names: set[str] = set()
+    out: set[Path] = set()
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                assert in_pkg, f"{f}: relative import outside the package"
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            names.add(mod)
+            names.update(f"{mod}.{a.name}" for a in node.names)  # submodules (`from pkg import mod`)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and in_pkg:
+            sibling = f.parent / node.value
+            if node.value.endswith(".py") and "/" not in node.value and sibling.is_file():
+                out.add(sibling)  # e.g. sandbox.py runs _sandbox_child.py as a program
+    for name in names:
+        if name == PKG or name.startswith(PKG + "."):
+            for part in _with_parents(name):
+                mf = _module_file(part)
+                if mf is not None:
+                    out.add(mf)
+    return out
+
+
+@cache
+def source_files(script: str) -> frozenset[str]:
+    """The script and every orchestry file it reads at run time, transitively (repo-relative paths)."""
+    seen: set[Path] = set()
+    todo = [ROOT / script]
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        todo.extend(_direct_reads(f) - seen)
+    return frozenset(str(p.relative_to(ROOT)) for p in seen)
+
+
+# ---------------------------------------------------------------- params read through `params.<section>`
+
+
+def _attr_chain(node: ast.AST) -> list[str] | None:
+    """``a.b.c`` -> ``["a", "b", "c"]``; None for anything that is not a plain name/attribute chain."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
+
+
+def _params_reads(tree: ast.AST, var: str, sections: set[str]) -> set[str]:
+    """``section`` or ``section.key`` read from the ``Params`` object named ``var`` in ``tree``."""
+    aliases: dict[str, str] = {}  # cfg -> "evaluate"
+    # the longest chains only: `params.model.path` is a read of model.path, not of the whole section
+    skip = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            chain = _attr_chain(node.value)
+            if chain and len(chain) == 2 and chain[0] == var and chain[1] in sections:
+                aliases[node.targets[0].id] = chain[1]
+                skip.add(id(node.value))  # `cfg = params.evaluate` reads nothing by itself
+    reads: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or id(node) in skip:
+            continue
+        chain = _attr_chain(node)
+        if not chain:
+            continue
+        if chain[0] == var and len(chain) >= 2 and chain[1] in sections:
+            path = chain[1:]
+        elif chain[0] in aliases:
+            path = [aliases[chain[0]], *chain[1:]]
+        else:
+            continue
+        if len(path) >= 2 and path[1] in LOGGING_ONLY:
+            continue
+        reads.add(".".join(path[:2]))
+    # a whole section handed on (`run(params.sampling)`, `Trainer(cfg)`) is a read of the whole section
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                chain = _attr_chain(arg)
+                if chain and len(chain) == 2 and chain[0] == var and chain[1] in sections:
+                    reads.add(chain[1])
+                elif chain and len(chain) == 1 and chain[0] in aliases:
+                    reads.add(aliases[chain[0]])
+    return reads
+
+
+def _orchestry_functions(script_tree: ast.AST) -> dict[str, ast.FunctionDef]:
+    """Functions the script imports by name from orchestry modules: local name -> definition."""
+    out = {}
+    for node in ast.walk(script_tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PKG):
+            mf = _module_file(node.module)
+            if mf is None:
+                continue
+            defs = {
+                d.name: d
+                for d in ast.parse(mf.read_text()).body
+                if isinstance(d, ast.FunctionDef | ast.AsyncFunctionDef)
+            }
+            for a in node.names:
+                if a.name in defs:
+                    out[a.asname or a.name] = defs[a.name]
+    return out
+
+
+def params_read(script: str, sections: set[str]) -> set[str]:
+    """Params the script reads, itself or in the orchestry functions it passes the whole ``params`` to."""
+    tree = ast.parse((ROOT / script).read_text())
+    reads = _params_reads(tree, "params", sections)
+    funcs = _orchestry_functions(tree)
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in funcs):
+            continue
+        fdef = funcs[node.func.id]
+        argnames = [a.arg for a in fdef.args.posonlyargs + fdef.args.args]
+        for i, arg in enumerate(node.args):
+            if isinstance(arg, ast.Name) and arg.id == "params" and i < len(argnames):
+                reads |= _params_reads(fdef, argnames[i], sections)
+        for kw in node.keywords:
+            if isinstance(kw.value, ast.Name) and kw.value.id == "params" and kw.arg:
+                reads |= _params_reads(fdef, kw.arg, sections)
+    return {r for r in reads if r.split(".")[0] not in EXEMPT_SECTIONS}
+
+
+# ---------------------------------------------------------------- the stages, as DVC reads them
+
+
+@cache
+def dvc_stages() -> tuple[dict, ...]:
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:
+        stages = []
+        for s in repo.index.stages:
+            params = sorted({p for d in s.params for p in d.params})
+            stages.append(
+                {
+                    "name": s.addressing,
+                    "cmd": s.cmd,
+                    "deps": [d.def_path for d in s.deps if d not in s.params],
+                    "params": params,
+                    "outs": [o.def_path for o in s.outs],
+                }
+            )
+    return tuple(stages)
+
+
+def _script(cmd: str) -> str:
+    args = shlex.split(cmd)
+    scripts = [a for a in args if a.endswith(".py")]
+    assert args[0] == "python" and len(scripts) == 1, f"unexpected stage command {cmd!r}"
+    return scripts[0]
+
+
+def _norm(p: str) -> str:
+    return str(Path(p))
+
+
+def _under(path: str, folder: str) -> bool:
+    return Path(path) == Path(folder) or Path(folder) in Path(path).parents
+
+
+def _is_source(dep: str) -> bool:
+    return _under(dep, "src") or _under(dep, "stages")
+
+
+def _params_yaml() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+STAGE_NAMES = [s["name"] for s in dvc_stages()]
+
+
+def _stage(name: str) -> dict:
+    return next(s for s in dvc_stages() if s["name"] == name)
+
+
+@pytest.mark.parametrize("name", STAGE_NAMES)
+def test_stage_depends_on_exactly_the_source_files_it_runs(name):
+    stage = _stage(name)
+    needed = source_files(_script(stage["cmd"]))
+    declared = [_norm(d) for d in stage["deps"]]
+    missing = sorted(f for f in needed if not any(_under(f, d) for d in declared))
+    extra = sorted(d for d in declared if _is_source(d) and d not in needed)
+    msg = []
+    if missing:
+        msg.append(
+            f"stage {name}: missing deps (imported/run by {_script(stage['cmd'])}): " + ", ".join(missing)
+        )
+    if extra:
+        msg.append(f"stage {name}: deps that the stage never runs: " + ", ".join(extra))
+    assert not msg, "\n".join(msg)
+
+
+@pytest.mark.parametrize("name", STAGE_NAMES)
+def test_stage_declares_the_params_it_reads(name):
+    from orchestry.config import Params
+
+    stage = _stage(name)
+    reads = params_read(_script(stage["cmd"]), set(Params.model_fields))
+    declared = set(stage["params"])
+
+    def covered(r: str) -> bool:
+        section = r.split(".")[0]
+        return r in declared or section in declared
+
+    missing = sorted(r for r in reads if not covered(r))
+    assert not missing, f"stage {name}: params read but not declared: " + ", ".join(missing)
+
+
+@pytest.mark.parametrize("name", STAGE_NAMES)
+def test_stage_depends_on_the_outputs_it_reads(name):
+    stage = _stage(name)
+    script = _script(stage["cmd"])
+    others = [_norm(o) for s in dvc_stages() if s["name"] != name for o in s["outs"]]
+    own = [_norm(o) for o in stage["outs"]]
+    deps = [_norm(d) for d in stage["deps"]]
+    tree = ast.parse((ROOT / script).read_text())
+    in_fstrings = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    literals = {  # f-strings (`f"reports/eval/{name}.jsonl"`) are the stage's own outputs here
+        _norm(n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and id(n) not in in_fstrings
+        and "/" in n.value
+        and "\n" not in n.value
+    }
+    # path-valued params the stage reads (model.path -> models/base)
+    from orchestry.config import Params
+
+    values = _params_yaml()
+    for r in params_read(script, set(Params.model_fields)):
+        v = values
+        for part in r.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        if isinstance(v, str) and "/" in v:
+            literals.add(_norm(v))
+    missing = []
+    for lit in sorted(literals):
+        if any(_under(lit, o) for o in own):
+            continue
+        written = any(_under(lit, o) for o in others)  # a file or folder another stage writes
+        holds = any(_under(o, lit) for o in others)  # a folder holding other stages' outputs
+        if (written and not any(_under(lit, d) for d in deps)) or (
+            not written and holds and not any(_under(d, lit) or _under(lit, d) for d in deps)
+        ):
+            missing.append(lit)
+    assert not missing, f"stage {name}: reads other stages' outputs not in its deps: " + ", ".join(missing)
+
+
+def test_the_walk_finds_function_level_relative_and_string_named_files():
+    """The analysis itself: prepare imports llm.local inside main(); sandbox.py runs _sandbox_child.py."""
+    files = source_files("stages/prepare.py")
+    assert "src/orchestry/llm/local.py" in files
+    assert "src/orchestry/llm/__init__.py" in files
+    assert "src/orchestry/__init__.py" in files
+    assert "src/orchestry/_sandbox_child.py" in files
+    from orchestry.config import Params
+
+    reads = params_read("stages/evaluate.py", set(Params.model_fields))
+    assert {"evaluate.num_samples", "sandbox.timeout_s", "model.path", "sampling"} <= reads
+
+
+@pytest.mark.parametrize("name", [n for n in STAGE_NAMES if "@" not in n])
+def test_checkpoint_resume_key_covers_every_file_the_stage_runs(name):
+    """``runtime.stage_inputs_key`` (train_magrpo's resume key) hashes the same deps and params as DVC."""
+    from orchestry.runtime import stage_inputs
+
+    deps, params = stage_inputs(name, ROOT / "dvc.yaml")
+    stage = _stage(name)
+    assert sorted(map(_norm, deps)) == sorted(map(_norm, stage["deps"]))
+    assert sorted(params) == stage["params"]
+    missing = sorted(source_files(_script(stage["cmd"])) - set(map(_norm, deps)))
+    assert not missing, f"stage {name}: files the resume key does not hash: " + ", ".join(missing)
+
+
+def test_stage_inputs_refuses_templated_stages():
+    from orchestry.runtime import stage_inputs
+
+    with pytest.raises(ValueError, match="templated"):
+        stage_inputs("baselines", ROOT / "dvc.yaml")
