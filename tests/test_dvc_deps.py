@@ -369,3 +369,31 @@ def test_stage_inputs_refuses_templated_stages():
 
     with pytest.raises(ValueError, match="templated"):
         stage_inputs("baselines", ROOT / "dvc.yaml")
+
+
+# ---------------------------------------------------------------- dvc.yaml hygiene: metrics and plots once
+
+
+def _entries(items) -> list[str]:
+    return [_norm(i if isinstance(i, str) else next(iter(i))) for i in items or []]
+
+
+def test_each_plot_and_metric_is_declared_once_and_every_table_or_figure_is_a_plot():
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    plots = _entries(spec.get("plots"))
+    metrics = _entries(spec.get("metrics"))
+    files = []  # every file a stage declares (outs, metrics, plots)
+    for stage in spec["stages"].values():
+        if "matrix" in stage or "foreach" in stage:
+            continue
+        plots += _entries(stage.get("plots"))
+        metrics += _entries(stage.get("metrics"))
+        files += [f for key in ("outs", "metrics", "plots") for f in _entries(stage.get(key))]
+    for kind, paths in (("plot", plots), ("metric", metrics), ("stage output", files)):
+        twice = sorted({p for p in paths if paths.count(p) > 1})
+        assert not twice, f"declared more than once as a {kind} in dvc.yaml: " + ", ".join(twice)
+    tables = sorted(f for f in files if Path(f).suffix in {".csv", ".png"})
+    assert tables and set(tables) <= set(plots), "not declared as plots: " + ", ".join(
+        sorted(set(tables) - set(plots))
+    )
+    assert "reports/api_grpo/rewards.csv" in plots
