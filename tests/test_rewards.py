@@ -63,6 +63,10 @@ FIELDS = {
     "total_asserts",
     "scheme",
     "reasons",
+    "aux_defined",
+    "aux_called",
+    "aux_used",
+    "truncated",
 }
 
 
@@ -359,6 +363,136 @@ def test_length_mismatch_is_a_caller_error(sandbox) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# ungated collaboration facts: aux_defined, aux_called, aux_used, truncated
+# ---------------------------------------------------------------------------------------------------------
+COMPREHENSION = "def double_all(xs):\n    return [aux(x) for x in xs]\n"
+OWN_CODE = "def double_all(xs):\n    return [2 * x for x in xs]\n"
+# (helper, main, (aux_defined, aux_called, aux_used))
+FACT_CASES = {
+    "ideal pair": (AUX_DOUBLE, COMPREHENSION, (True, True, True)),
+    "aux defined in a class": (
+        "class K:\n    def aux(self, x):\n        return 2 * x\n",
+        COMPREHENSION,
+        (False, True, True),
+    ),
+    "aux defined in a nested function": (
+        "def outer():\n    def aux(x):\n        return 2 * x\n    return aux\n",
+        OWN_CODE,
+        (False, False, False),
+    ),
+    "broken top-level aux still defined": ("def aux(x):\n    return 2 *\n", OWN_CODE, (True, False, False)),
+    "no helper code": ("I cannot help.", COMPREHENSION, (False, True, True)),
+    "call inside a lambda": (
+        AUX_DOUBLE,
+        "def double_all(xs):\n    f = lambda v: aux(v)\n    return [f(x) for x in xs]\n",
+        (True, True, True),
+    ),
+    "assigned, never read": (
+        AUX_DOUBLE,
+        "def double_all(xs):\n    x = aux(1)\n    return [2 * v for v in xs]\n",
+        (True, True, False),
+    ),
+    "bare statement": (
+        AUX_DOUBLE,
+        "def double_all(xs):\n    aux(xs)\n    return [2 * v for v in xs]\n",
+        (True, True, False),
+    ),
+    "awaited bare statement": (
+        AUX_DOUBLE,
+        "async def double_all(xs):\n    await aux(xs)\n    return [2 * v for v in xs]\n",
+        (True, True, False),
+    ),
+    "two ignored calls on one line": (
+        AUX_DOUBLE,
+        "def double_all(xs):\n    aux(1); aux(2)\n    return [2 * v for v in xs]\n",
+        (True, True, False),
+    ),
+    "one ignored, one read, same line": (
+        AUX_DOUBLE,
+        "def double_all(xs):\n    a = aux(1); b = aux(2)\n    return [b * v / 2 for v in xs]\n",
+        (True, True, True),
+    ),
+    "ignored once, used once": (
+        AUX_DOUBLE,
+        "def double_all(xs):\n    aux(0)\n    return [aux(v) for v in xs]\n",
+        (True, True, True),
+    ),
+    "aux passed as a value": (
+        AUX_DOUBLE,
+        "def double_all(xs):\n    return list(map(aux, xs))\n",
+        (True, True, True),
+    ),
+    "through main's own function": (
+        AUX_DOUBLE,
+        "def g(v):\n    return aux(v)\n\ndef double_all(xs):\n    return [g(x) for x in xs]\n",
+        (True, True, True),
+    ),
+    "in a function the entry point never calls": (
+        AUX_DOUBLE,
+        "def g(v):\n    return aux(v)\n\ndef double_all(xs):\n    return [2 * x for x in xs]\n",
+        (True, False, False),
+    ),
+    "shadowed by a local": (
+        AUX_DOUBLE,
+        "def double_all(xs):\n    aux = lambda v: v * 2\n    return [aux(x) for x in xs]\n",
+        (True, False, False),
+    ),
+    "main redefines aux": (
+        AUX_DOUBLE,
+        "def aux(x):\n    return x * 2\n\ndef double_all(xs):\n    return [aux(x) for x in xs]\n",
+        (True, False, False),
+    ),
+    "no entry point": (AUX_DOUBLE, "def other(xs):\n    return [aux(x) for x in xs]\n", (True, False, False)),
+    "main does not parse": (
+        AUX_DOUBLE,
+        "def double_all(xs):\n    return [aux(x) for x in xs\n",
+        (True, False, False),
+    ),
+    # ungated: no assert passes (so no cooperation bonus) but main does call and use aux
+    "tests fail, aux still used": (
+        AUX_DOUBLE,
+        "def double_all(xs):\n    return [aux(x) + 1 for x in xs] + [0]\n",
+        (True, True, True),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def fact_rewards(sandbox) -> dict[str, LevelReward]:
+    names = list(FACT_CASES)
+    helpers = [FACT_CASES[n][0] for n in names]
+    mains = [FACT_CASES[n][1] for n in names]
+    return dict(zip(names, level_rewards([TINY] * len(names), helpers, mains, sandbox), strict=True))
+
+
+@pytest.mark.parametrize("case", list(FACT_CASES))
+def test_collaboration_facts(fact_rewards, case: str) -> None:
+    r = fact_rewards[case]
+    assert (r.aux_defined, r.aux_called, r.aux_used) == FACT_CASES[case][2], r.reasons
+    d = r.to_dict()
+    assert (d["aux_defined"], d["aux_called"], d["aux_used"]) == FACT_CASES[case][2]
+    assert r.truncated is None and d["truncated"] is None  # not given
+
+
+def test_collaboration_facts_are_ungated(fact_rewards) -> None:
+    r = fact_rewards["tests fail, aux still used"]
+    assert r.passed == 0 and r.cooperation == 0.0 and r.aux_called and r.aux_used
+    assert fact_rewards["assigned, never read"].cooperation == pytest.approx(1.0)  # the -0.5 case
+    assert fact_rewards["main redefines aux"].tests == 1.0  # main's own aux runs: not a call to the helper
+
+
+def test_truncated_flag_is_passed_through(sandbox) -> None:
+    rs = level_rewards([TINY, TINY], [AUX_DOUBLE] * 2, [COMPREHENSION] * 2, sandbox, truncated=[True, 0])
+    assert [r.truncated for r in rs] == [True, False] and [r.to_dict()["truncated"] for r in rs] == [
+        True,
+        False,
+    ]
+    assert rs[0].total == 4.0  # a flag, not a penalty
+    with pytest.raises(ValueError, match="one flag per sample"):
+        level_rewards([TINY], [AUX_DOUBLE], [COMPREHENSION], sandbox, truncated=[True, False])
+
+
+# ---------------------------------------------------------------------------------------------------------
 # single-agent baseline
 # ---------------------------------------------------------------------------------------------------------
 def test_single_rewards(sandbox) -> None:
@@ -369,3 +503,5 @@ def test_single_rewards(sandbox) -> None:
     assert rs[0].total == pytest.approx(2.1) and rs[0].scheme == "none" and rs[0].reasons == []
     assert rs[1].passed == 1 and has_reason(rs[1], "1/3", "NameError")  # no helper in a single-agent program
     assert rs[2].total == 0.0 and has_reason(rs[2], "main: no code block found")
+    assert not any(r.aux_defined or r.aux_called or r.aux_used for r in rs)  # no helper to call
+    assert single_rewards([TINY], [good], sandbox, truncated=[True])[0].truncated is True

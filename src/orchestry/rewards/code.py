@@ -13,6 +13,12 @@ Source: MAGRPO paper (arXiv 2508.04652, code-generation reward) and the authors'
 4. cooperation (0..1.5, only if >= 1 assert passed and the helper defines ``aux``): +0.5 if the entry point
    uses aux; +1.0 more if it is not a mere wrapper of aux; -0.5 if aux is called but its value ignored.
 
+Alongside the gated levels, every sample gets ungated collaboration facts that can move long before a pair
+passes an assert (:class:`LevelReward`): ``aux_defined`` (the helper defines a top-level ``aux``),
+``aux_called`` (main's entry point calls or references the helper's ``aux``), ``aux_used`` (it calls aux and
+keeps the value of at least one call) and ``truncated`` (a completion hit the token limit; only the caller
+knows token counts, so it is passed in, ``None`` when unknown).
+
 Differences from the authors' regex-based code, all deliberate: definitions, wrappers and ignored values are
 read from the AST (see :mod:`orchestry.schemes`), so a shadowed ``aux`` is not a call to the helper; the
 entry point only needs to be defined (docs/algorithms.md, section 2), not to contain ``return``; the tested
@@ -197,6 +203,18 @@ class LevelReward:
         total_asserts: asserts of the problem (0 only for an unknown problem).
         scheme: cooperation scheme of main's code (:data:`orchestry.schemes.SCHEMES`); computed whenever
             main's code parses, even when level 4 is not reached (useful for analysis).
+        aux_defined: (ungated) the helper's code defines ``aux`` at its top level (the structure level's
+            test: a ``def aux`` nested in a class or function does not count; a broken top-level one does).
+        aux_called: (ungated) main's entry point calls or references the helper's ``aux`` -- directly, in a
+            nested function, lambda or comprehension, or through another top-level function of main's code it
+            calls (:attr:`orchestry.schemes.AuxCallInfo.calls_aux`). False when main's code does not parse,
+            does not define the entry point, or rebinds ``aux`` (its calls then reach main's own copy).
+        aux_used: (ungated) ``aux_called`` and at least one aux call site's value is used: not every site is
+            a bare statement ``aux(x)`` nor ``v = aux(x)`` with ``v`` never read (the cooperation level's
+            "value ignored" test, :attr:`orchestry.schemes.AuxCallInfo.ignored_lines`). ``aux`` passed as a
+            value (``map(aux, xs)``) counts as used.
+        truncated: a completion of this sample hit the token limit (``max_completion_length``), as told by
+            the caller (``truncated=`` of :func:`level_rewards`); ``None``: not known.
         reasons: one line per lost point, prefixed by ``helper:``/``main:``/``syntax:``/``tests:``/
             ``cooperation:``.
     """
@@ -209,6 +227,10 @@ class LevelReward:
     total_asserts: int = 0
     scheme: str = "none"
     reasons: list[str] = field(default_factory=list)
+    aux_defined: bool = False
+    aux_called: bool = False
+    aux_used: bool = False
+    truncated: bool | None = None
 
     @property
     def total(self) -> float:
@@ -222,7 +244,8 @@ class LevelReward:
 
     def to_dict(self) -> dict:
         """The flat fields ``structure, syntax, tests, cooperation, total, passed, total_asserts, scheme,
-        reasons``: raw level values (``total`` in 0..4.0 with the default weights), ``reasons`` a new list.
+        reasons, aux_defined, aux_called, aux_used, truncated``: raw level values (``total`` in 0..4.0 with the
+        default weights), ``reasons`` a new list, the ungated collaboration facts (``truncated`` may be null).
         """
         return {
             "structure": self.structure,
@@ -234,6 +257,10 @@ class LevelReward:
             "total_asserts": self.total_asserts,
             "scheme": self.scheme,
             "reasons": list(self.reasons),
+            "aux_defined": self.aux_defined,
+            "aux_called": self.aux_called,
+            "aux_used": self.aux_used,
+            "truncated": self.truncated,
         }
 
 
@@ -450,6 +477,48 @@ def _level_3(states: list[_Pending], sandbox: Sandbox, config: RewardConfig) -> 
         )
 
 
+def _ignored_call_count(main_code: str, info: AuxCallInfo, aux: str) -> int:
+    """How many aux call sites :func:`orchestry.schemes.aux_call_info` found ignored (``info.ignored_lines``
+    holds their lines, deduplicated): the bare ``aux(..)`` statements, and the assignments of an ``aux(..)``
+    call to one name never read, on those lines; so two ignored calls on one line (``aux(1); aux(2)``) count
+    twice and ``x = aux(1); y = aux(2); return y`` counts one."""
+    tree = safe_parse(main_code)
+    if tree is None or not info.ignored_lines:
+        return 0
+    lines = set(info.ignored_lines)
+    loads = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    count = 0
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) not in lines:
+            continue
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Expr):
+            targets = []
+        else:
+            continue
+        if len(targets) > 1 or not all(isinstance(t, ast.Name) and t.id not in loads for t in targets):
+            continue
+        value = node.value.value if isinstance(node.value, ast.Await) else node.value
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == aux:
+            count += 1
+    return count
+
+
+def _collaboration_facts(st: _Pending, config: RewardConfig) -> None:
+    """The ungated fields ``aux_defined``, ``aux_called``, ``aux_used`` (see :class:`LevelReward`)."""
+    reward = st.reward
+    reward.aux_defined = st.aux_defined
+    info = st.info  # set once main's code defines the entry point (by AST, or by text if it does not parse)
+    if info is None or not info.calls_aux:
+        return
+    reward.aux_called = True
+    # used: some call site is not among the ignored ones (the cooperation level's -0.5 test)
+    reward.aux_used = info.call_sites > _ignored_call_count(st.main_code, info, config.aux_name)
+
+
 def _level_4(st: _Pending, config: RewardConfig) -> None:
     """Cooperation bonus (MAGRPO paper): only if >= 1 assert passed and the helper defines aux."""
     reward, aux = st.reward, config.aux_name
@@ -487,6 +556,7 @@ def _score(
     sandbox: Sandbox,
     config: RewardConfig | None,
     extract: bool,
+    truncated: Sequence[bool] | None = None,
 ) -> list[LevelReward]:
     config = config or RewardConfig()
     pair = helpers is not None
@@ -495,6 +565,8 @@ def _score(
             f"problems, helpers and mains must have the same length, got {len(problems)}, "
             f"{len(helpers) if pair else '-'}, {len(mains)}"
         )
+    if truncated is not None and len(truncated) != len(mains):
+        raise ValueError(f"truncated must have one flag per sample, got {len(truncated)} for {len(mains)}")
     states: list[_Pending] = []
     for k, (problem, main) in enumerate(zip(problems, mains, strict=True)):
         helper = helpers[k] if pair else ""
@@ -512,6 +584,13 @@ def _score(
                 _level_4(st, config)
             except Exception as e:  # a reward must never crash a training step
                 st.reward.reasons.append(f"cooperation: internal {type(e).__name__}: {e}")
+            try:
+                _collaboration_facts(st, config)
+            except Exception as e:  # a reward must never crash a training step
+                st.reward.reasons.append(f"collaboration facts: internal {type(e).__name__}: {e}")
+    if truncated is not None:
+        for st, flag in zip(states, truncated, strict=True):
+            st.reward.truncated = bool(flag)
     return [st.reward for st in states]
 
 
@@ -522,6 +601,7 @@ def level_rewards(
     sandbox: Sandbox,
     config: RewardConfig | None = None,
     extract: bool = True,
+    truncated: Sequence[bool] | None = None,
 ) -> list[LevelReward]:
     """Level rewards of B (helper, main) samples: ``helpers[i]`` and ``mains[i]`` answer ``problems[i]``.
 
@@ -534,14 +614,16 @@ def level_rewards(
         sandbox: an open :class:`orchestry.sandbox.Sandbox` (its timeout applies per assert).
         config: weights; ``None`` means :class:`RewardConfig` defaults (the paper's).
         extract: run :func:`extract_code` on each answer first.
+        truncated: optional, one flag per sample: a completion of it hit the token limit (the caller knows
+            the token counts); copied to :attr:`LevelReward.truncated` (``None`` when not given).
 
     Returns:
         B :class:`LevelReward` in input order; ``total`` in [0, 4.0] with the defaults.
 
     Raises:
-        ValueError: the three sequences differ in length (a caller bug, not a model output).
+        ValueError: the sequences differ in length (a caller bug, not a model output).
     """
-    return _score(problems, helpers, mains, sandbox, config, extract)
+    return _score(problems, helpers, mains, sandbox, config, extract, truncated)
 
 
 def single_rewards(
@@ -550,13 +632,15 @@ def single_rewards(
     sandbox: Sandbox,
     config: RewardConfig | None = None,
     extract: bool = True,
+    truncated: Sequence[bool] | None = None,
 ) -> list[LevelReward]:
     """Level rewards for the single-agent baseline (one model writes everything, no helper).
 
     Same levels with no helper: structure counts only the entry point (0.6), cooperation is 0, scheme
-    ``"none"``; the best total is 2.1 with the defaults.
+    ``"none"``, and ``aux_defined``/``aux_called``/``aux_used`` are False (there is no helper to call); the
+    best total is 2.1 with the defaults. ``truncated`` as in :func:`level_rewards`.
     """
-    return _score(problems, None, mains, sandbox, config, extract)
+    return _score(problems, None, mains, sandbox, config, extract, truncated)
 
 
 __all__ = [
