@@ -139,6 +139,20 @@ class TrainMagrpoParams(_Section):
         "depend on the machine's free memory. 1024: about 3.3 GiB of activations for the default 135M model "
         "in fp32 (3.5 MB per token), which fits a 24 GiB laptop; lower it for larger models",
     )
+    dynamic_sampling: Literal["none", "skip", "resample"] = Field(
+        "none",
+        description="groups whose G joint rewards are all equal (no gradient; DAPO, arXiv 2503.14476): none "
+        "(kept in the loss's mean over problems) | skip (left out of the loss) | resample (sampled again, up "
+        "to max_resample times, then left out if still flat)",
+    )
+    max_resample: int = Field(
+        2, ge=1, le=64, description="dynamic_sampling=resample: extra rollouts per step"
+    )
+    curriculum: Literal["none", "base_reward"] = Field(
+        "none",
+        description="order of the training problems: none (seeded shuffle) | base_reward (the base policy's "
+        "mean group reward, from one rollout at the start, easiest first)",
+    )
 
     _modules_unique = field_validator("target_modules")(_unique)
 
