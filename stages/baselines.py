@@ -43,7 +43,8 @@ def main() -> None:
                 cfg.batch_size,
             )
         seconds = time.time() - t0
-        summary = summarize(records, ks=sorted({1, cfg.num_samples}))
+        iv = params.intervals
+        summary = summarize(records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples)
         summary["seconds"] = seconds
         out = f"reports/baselines/{args.method}.jsonl"
         write_jsonl(out, records)

@@ -29,6 +29,7 @@ def main() -> None:
     cfg = params.evaluate
     problems = read_jsonl("data/problems/test.jsonl")[: cfg.max_problems]
     ks = sorted({1, cfg.num_samples})
+    iv = params.intervals
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
     methods: dict[str, dict] = {}
     with stage_run("evaluate", logged, params.mlflow.experiment):
@@ -45,7 +46,7 @@ def main() -> None:
                                           cfg.seed, cfg.batch_size)  # fmt: skip
                     for r in recs:
                         r["method"] = "base"
-                summary = summarize(recs, ks)
+                summary = summarize(recs, ks, iv.confidence, iv.resamples)
                 summary["seconds"] = time.time() - t0
                 methods[name] = summary
                 write_jsonl(f"reports/eval/{name}.jsonl", recs)
@@ -53,8 +54,14 @@ def main() -> None:
                 log_metrics({f"{name}/{k}": v for k, v in summary.items()})
         for path in sorted(Path("reports/baselines").glob("*.jsonl")):
             recs = read_records(path)
-            methods[f"baseline_{path.stem}"] = summarize(recs, sorted({1, params.baselines.num_samples}))
-        report = {"test_problems": len(problems), "samples_per_problem": cfg.num_samples, "methods": methods}
+            ks_b = sorted({1, params.baselines.num_samples})
+            methods[f"baseline_{path.stem}"] = summarize(recs, ks_b, iv.confidence, iv.resamples)
+        report = {
+            "test_problems": len(problems),
+            "samples_per_problem": cfg.num_samples,
+            "intervals": iv.model_dump(),  # the level the figures state is read from here
+            "methods": methods,
+        }
         api = Path("reports/api_grpo/summary.json")
         if api.exists():
             report["api_grpo"] = json.loads(api.read_text())

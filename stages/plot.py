@@ -19,9 +19,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     with stage_run("plot", cfg.model_dump(), params.mlflow.experiment):
         plot_learning_curves("reports/train/magrpo_steps.csv", OUT / "learning_curves.png", cfg.dpi)
-        plot_methods(
-            json.loads(Path("reports/metrics.json").read_text()), OUT / "methods.png", cfg.dpi, cfg.confidence
-        )
+        plot_methods(json.loads(Path("reports/metrics.json").read_text()), OUT / "methods.png", cfg.dpi)
         plot_schemes(json.loads(Path("reports/schemes.json").read_text()), OUT / "schemes.png", cfg.dpi)
         plot_api_grpo(Path("reports/api_grpo"), OUT / "api_grpo.png", cfg.dpi)
         mlflow.log_artifacts(str(OUT), "figures")

@@ -1,6 +1,6 @@
 """Stage `train_api_grpo`: beam search + behaviour library for API-only models (offline by default).
 
-Reads ``params.yaml`` (sections ``api_grpo``, ``sampling``, ``model``, ``sandbox``), checks the backend
+Reads ``params.yaml`` (sections ``api_grpo``, ``sampling``, ``model``, ``sandbox``, ``intervals``), checks the backend
 (key, price, server) before any work, runs :func:`orchestry.training.api_grpo.run_api_grpo` and logs the
 per-episode and total metrics, cost and the outputs under ``reports/api_grpo/`` to MLflow.
 """
@@ -50,6 +50,8 @@ def main() -> None:
             OUT,
             on_metrics=log_metrics,
             clients=clients,
+            confidence=params.intervals.confidence,
+            n_boot=params.intervals.resamples,
         )
         total = {
             f"summary/{k}": v for k, v in _flat_numbers(summary).items() if not k.startswith("cost/by_tag")

@@ -62,8 +62,9 @@ def main() -> None:
                 CKPT,
                 on_step=on_step,
                 # the trainer compares its own params (train_magrpo) itself: a larger num_steps resumes, a
-                # smaller one than the checkpoint's starts afresh (never the longer run's adapters)
-                resume_key=stage_inputs_key("train_magrpo", params, exclude=["train_magrpo"]),
+                # smaller one than the checkpoint's starts afresh (never the longer run's adapters); the
+                # intervals only shape the summary, recomputed from the checkpoint's samples
+                resume_key=stage_inputs_key("train_magrpo", params, exclude=["train_magrpo", "intervals"]),
             )
             history = trainer.train()
         shutil.rmtree(ADAPTERS, ignore_errors=True)
@@ -76,7 +77,7 @@ def main() -> None:
                 w.writerow(rec)
         write_jsonl("reports/train/magrpo_samples.jsonl", trainer.samples)
         per_step = [[s["total"] for s in trainer.samples if s["step"] == rec["step"]] for rec in history]
-        summary = quarter_comparison(per_step)
+        summary = quarter_comparison(per_step, params.intervals.confidence, params.intervals.resamples)
         summary.update(
             steps=len(history),
             seconds_per_step=sum(r["seconds"] for r in history) / max(1, len(history)),

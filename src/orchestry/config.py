@@ -236,10 +236,17 @@ class ApiGrpoParams(_Section):
     seed: Seed = 0
 
 
+class IntervalsParams(_Section):
+    """Every percentile-bootstrap confidence interval (reports and figures): one level, one resample count."""
+
+    confidence: float = Field(
+        0.95, gt=0, lt=1, description="level of every bootstrap confidence interval (0.95: 95 %)"
+    )
+    resamples: int = Field(1000, ge=100, le=BIG, description="bootstrap resamples per interval")
+
+
 class PlotParams(_Section):
     dpi: int = Field(120, ge=50, le=600)
-    confidence: float = Field(0.95, gt=0, lt=1)
-    bootstrap: int = Field(1000, ge=100, le=BIG)
 
 
 class MlflowParams(_Section):
@@ -259,6 +266,7 @@ class Params(_Section):
     api_grpo: ApiGrpoParams = ApiGrpoParams()
     evaluate: EvaluateParams = EvaluateParams()
     detect_schemes: DetectSchemesParams = DetectSchemesParams()
+    intervals: IntervalsParams = IntervalsParams()
     plot: PlotParams = PlotParams()
     mlflow: MlflowParams = MlflowParams()
 

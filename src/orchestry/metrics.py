@@ -23,27 +23,43 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def percentile_interval(stats: Sequence[float], confidence: float) -> tuple[float, float]:
+    """The ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of a bootstrap distribution, linearly
+    interpolated (numpy's default quantile, as ``scipy.stats.bootstrap(method="percentile")`` uses)."""
+    xs = sorted(stats)
+    if not xs:
+        return (float("nan"), float("nan"))
+
+    def quantile(q: float) -> float:
+        h = (len(xs) - 1) * q
+        i = math.floor(h)
+        j = min(i + 1, len(xs) - 1)
+        return xs[i] + (h - i) * (xs[j] - xs[i])
+
+    return (quantile((1 - confidence) / 2), quantile((1 + confidence) / 2))
+
+
 def bootstrap_ci(
     values: Sequence[float], confidence: float = 0.95, n_boot: int = 1000, seed: int = 0
 ) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of the mean; ``(nan, nan)`` for an empty input."""
+    """Percentile bootstrap confidence interval of the mean over ``n_boot`` resamples; ``(nan, nan)`` for an
+    empty input."""
     vals = list(values)
     if not vals:
         return (float("nan"), float("nan"))
     rng = random.Random(seed)
     n = len(vals)
-    means = sorted(sum(rng.choice(vals) for _ in range(n)) / n for _ in range(n_boot))
-    lo = means[int((1 - confidence) / 2 * (n_boot - 1))]
-    hi = means[int((1 + confidence) / 2 * (n_boot - 1))]
-    return (lo, hi)
+    return percentile_interval([sum(rng.choices(vals, k=n)) / n for _ in range(n_boot)], confidence)
 
 
 def is_pass(r: dict) -> bool:
     return r.get("total_asserts", 0) > 0 and r.get("passed", 0) == r.get("total_asserts", 0)
 
 
-def summarize(records: Sequence[dict], ks: Sequence[int] = (1,), confidence: float = 0.95) -> dict:
-    """Aggregate metrics of one method.
+def summarize(
+    records: Sequence[dict], ks: Sequence[int] = (1,), confidence: float = 0.95, n_boot: int = 1000
+) -> dict:
+    """Aggregate metrics of one method; intervals at level ``confidence`` over ``n_boot`` bootstrap resamples.
 
     Returns:
         ``n_problems``, ``n_samples``, ``pass@k`` and ``accuracy@k`` for each k that fits the per-problem
@@ -73,7 +89,7 @@ def summarize(records: Sequence[dict], ks: Sequence[int] = (1,), confidence: flo
         out[f"accuracy@{k}"] = sum(acc) / len(acc)
     out["reward"] = sum(r["total"] for r in records) / n
     per_problem = [sum(r["total"] for r in v) / len(v) for v in by_task.values()]
-    lo, hi = bootstrap_ci(per_problem, confidence)
+    lo, hi = bootstrap_ci(per_problem, confidence, n_boot)
     out["reward_ci_low"], out["reward_ci_high"] = lo, hi
     for lv in LEVELS:
         out[lv] = sum(r[lv] for r in records) / n
@@ -84,14 +100,17 @@ def summarize(records: Sequence[dict], ks: Sequence[int] = (1,), confidence: flo
     out["syntax_rate"] = sum(r["syntax"] > 0 for r in records) / n
     out["pass_rate"] = sum(map(is_pass, records)) / n
     pass_per_problem = [sum(map(is_pass, v)) / len(v) for v in by_task.values()]
-    out["pass_rate_ci_low"], out["pass_rate_ci_high"] = bootstrap_ci(pass_per_problem, confidence)
+    out["pass_rate_ci_low"], out["pass_rate_ci_high"] = bootstrap_ci(pass_per_problem, confidence, n_boot)
     out["prompt_tokens"] = sum(r.get("prompt_tokens", 0) for r in records) / n
     out["completion_tokens"] = sum(r.get("completion_tokens", 0) for r in records) / n
     return out
 
 
-def quarter_comparison(step_rewards: Sequence[Sequence[float]], confidence: float = 0.95) -> dict:
-    """Mean training reward of the first vs last quarter of steps, with bootstrap CIs over samples.
+def quarter_comparison(
+    step_rewards: Sequence[Sequence[float]], confidence: float = 0.95, n_boot: int = 1000
+) -> dict:
+    """Mean training reward of the first vs last quarter of steps, with bootstrap CIs over samples (level
+    ``confidence``, ``n_boot`` resamples), the difference's included.
 
     Args:
         step_rewards: per step, the joint rewards of its samples.
@@ -102,18 +121,15 @@ def quarter_comparison(step_rewards: Sequence[Sequence[float]], confidence: floa
     last = [x for s in step_rewards[S - q :] for x in s]
     res = {"quarter_steps": q}
     for name, vals in (("first_quarter", first), ("last_quarter", last)):
-        lo, hi = bootstrap_ci(vals, confidence)
+        lo, hi = bootstrap_ci(vals, confidence, n_boot)
         res[f"{name}_reward"] = sum(vals) / len(vals) if vals else float("nan")
         res[f"{name}_ci_low"], res[f"{name}_ci_high"] = lo, hi
-    # bootstrap CI of the difference
+    # bootstrap CI of the difference (the two quarters resampled independently)
     rng = random.Random(1)
-    diffs = []
-    for _ in range(1000):
-        a = [rng.choice(first) for _ in first]
-        b = [rng.choice(last) for _ in last]
-        diffs.append(sum(b) / len(b) - sum(a) / len(a))
-    diffs.sort()
+    diffs = [
+        sum(rng.choices(last, k=len(last))) / len(last) - sum(rng.choices(first, k=len(first))) / len(first)
+        for _ in range(n_boot)
+    ]
     res["difference"] = res["last_quarter_reward"] - res["first_quarter_reward"]
-    res["difference_ci_low"] = diffs[int((1 - confidence) / 2 * 999)]
-    res["difference_ci_high"] = diffs[int((1 + confidence) / 2 * 999)]
+    res["difference_ci_low"], res["difference_ci_high"] = percentile_interval(diffs, confidence)
     return res

@@ -57,9 +57,14 @@ def plot_learning_curves(steps_csv: str | Path, out_png: str | Path, dpi: int = 
     plt.close(fig)
 
 
-def plot_methods(metrics: dict, out_png: str | Path, dpi: int = 120, confidence: float = 0.95) -> None:
-    """Mean reward and pass rate per method on the test split, with bootstrap CIs over problems."""
+def plot_methods(metrics: dict, out_png: str | Path, dpi: int = 120) -> None:
+    """Mean reward and pass rate per method on the test split, with bootstrap CIs over problems.
+
+    The CIs are ``metrics``'s own (``reports/metrics.json``); the title states the level they were computed at
+    (``metrics["intervals"]["confidence"]``, the ``intervals`` params of ``evaluate``).
+    """
     methods = metrics["methods"]
+    confidence = metrics["intervals"]["confidence"]
     names = list(methods)
     labels = [METHOD_LABELS.get(n, n) for n in names]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -77,7 +82,7 @@ def plot_methods(metrics: dict, out_png: str | Path, dpi: int = 120, confidence:
         colors = ["#c44e52" if n == "magrpo" else "#8c8c8c" if n == "base" else "#4c72b0" for n in names]
         ax.barh(labels, vals, xerr=err, color=colors, capsize=4)
         ax.set(
-            title=f"{title}\n{int(confidence * 100)}% bootstrap CI over problems",
+            title=f"{title}\n{confidence * 100:g}% bootstrap CI over problems",
             xlabel=key.replace("_", " "),
         )
         ax.invert_yaxis()

@@ -19,7 +19,8 @@ def plot_api_grpo(reports_dir: str | Path, out_png: str | Path, dpi: int = 120) 
     Left: per training episode, the selected trajectory's executable reward and the group mean value,
     against cumulative USD -- or against cumulative tokens when the backend is free (the local model), as the
     axis label says. Vertical dotted lines mark behaviour-library updates. Right: mean test reward per
-    episode WITH and WITHOUT the learned behaviours, with the 95 % bootstrap CI and n.
+    episode WITH and WITHOUT the learned behaviours, with the bootstrap CI (at the level ``summary.json``
+    records, ``eval.confidence``) and n.
 
     Raises:
         FileNotFoundError: the stage's outputs are missing.
@@ -76,7 +77,7 @@ def plot_api_grpo(reports_dir: str | Path, out_png: str | Path, dpi: int = 120) 
     ax = axes[1]
     ev = summary.get("eval", {})
     arms = [("without", "without behaviours", "#8c8c8c"), ("with", "with learned behaviours", "#55a868")]
-    # error bars: 95 % percentile-bootstrap CI of the mean over test episodes
+    # error bars: percentile-bootstrap CI of the mean over test episodes, at the level the summary records
     if ev.get("status") == "done":
         for i, (key, _label, color) in enumerate(arms):
             s = ev[key]
@@ -86,7 +87,8 @@ def plot_api_grpo(reports_dir: str | Path, out_png: str | Path, dpi: int = 120) 
             ax.text(i + 0.05, m + 0.02 * max_reward, f"{m:.2f}", ha="left", va="bottom", fontsize=9)
         d = ev["difference"]
         ax.set_title(
-            f"Test episodes: reward with vs without behaviours\n95% bootstrap CI; paired difference "
+            f"Test episodes: reward with vs without behaviours\n{ev['confidence'] * 100:g}% bootstrap CI; "
+            f"paired difference "
             f"{d['mean']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]",
             fontsize=10,
         )

@@ -14,7 +14,7 @@
    into the next episodes' prompts;
 3. **evaluation**: on ``max_problems_eval`` test problems, ``eval_samples`` plain episodes (k = 1, beam
    width 1: the policy's own answers) per problem WITH the final guidelines and WITHOUT any, scored by the
-   executable reward only; means with percentile-bootstrap 95 % CIs and the paired difference;
+   executable reward only; means with percentile-bootstrap CIs (``intervals`` params) and the paired difference;
 4. **outputs** under ``out_dir``: ``episodes.jsonl``, ``rewards.csv``, ``learned_behaviors.json``,
    ``summary.json`` -- rewritten after every block, so a budget stop or a crash keeps everything finished.
 
@@ -184,6 +184,7 @@ class ApiGrpoRun:
         sandbox: an open :class:`orchestry.sandbox.Sandbox`.
         out_dir: where the four outputs go.
         on_metrics: ``(metrics, step)`` callback (the stage logs them to MLflow).
+        confidence / n_boot: level and resamples of the evaluation's bootstrap CIs (``intervals`` params).
     """
 
     def __init__(
@@ -195,6 +196,8 @@ class ApiGrpoRun:
         sandbox: Sandbox,
         out_dir: str | Path,
         on_metrics: Callable[[dict, int | None], None] | None = None,
+        confidence: float = 0.95,
+        n_boot: int = 1000,
     ):
         if not train_problems:
             raise ValueError("api_grpo needs at least one train problem (data/problems/train.jsonl is empty)")
@@ -202,6 +205,7 @@ class ApiGrpoRun:
         self.task = make_task(cfg)
         self.out = Path(out_dir)
         self.on_metrics = on_metrics or (lambda m, s: None)
+        self.confidence, self.n_boot = confidence, n_boot
         order = list(train_problems)
         random.Random(cfg.seed).shuffle(order)
         self.train_order = order
@@ -481,7 +485,9 @@ class ApiGrpoRun:
             rec = self._record("eval", arm, ep, p, res, self.behaviors_version if arm == "with" else 0, beh)
             self.episodes.append(rec)
             rewards[arm].append(rec["trajectories"][res.selected]["reward"].get("total", 0.0))
-        self.eval_summary = compare_arms(rewards["with"], rewards["without"], seed=self.cfg.seed)
+        self.eval_summary = compare_arms(
+            rewards["with"], rewards["without"], self.confidence, seed=self.cfg.seed, n_boot=self.n_boot
+        )
         self.eval_summary.update(
             status="done",
             problems=len(self.test_problems),
@@ -620,7 +626,11 @@ class ApiGrpoRun:
 
 
 def compare_arms(
-    with_: Sequence[float], without: Sequence[float], confidence: float = 0.95, seed: int = 0
+    with_: Sequence[float],
+    without: Sequence[float],
+    confidence: float = 0.95,
+    seed: int = 0,
+    n_boot: int = 1000,
 ) -> dict:
     """Means of both arms with percentile-bootstrap CIs, and the paired difference (with - without).
 
@@ -629,7 +639,7 @@ def compare_arms(
     """
 
     def stats(vals: Sequence[float], s: int) -> dict:
-        lo, hi = bootstrap_ci(list(vals), confidence, seed=s)
+        lo, hi = bootstrap_ci(list(vals), confidence, n_boot, seed=s)
         return {
             "mean": sum(vals) / len(vals) if vals else float("nan"),
             "ci_low": lo,
@@ -639,7 +649,7 @@ def compare_arms(
 
     diffs = [a - b for a, b in zip(with_, without, strict=False)]
     return {"with": stats(with_, seed), "without": stats(without, seed + 1), "difference": stats(diffs, seed + 2),
-            "confidence": confidence}  # fmt: skip
+            "confidence": confidence, "resamples": n_boot}  # fmt: skip
 
 
 def run_api_grpo(
@@ -654,6 +664,8 @@ def run_api_grpo(
     on_metrics: Callable[[dict, int | None], None] | None = None,
     cache_path: str | Path | None = None,
     clients: Clients | None = None,
+    confidence: float = 0.95,
+    n_boot: int = 1000,
 ) -> dict:
     """Open the clients (all checks first), then the sandbox, and run (see the module docstring).
 
@@ -661,6 +673,7 @@ def run_api_grpo(
         sandbox_factory: returns a :class:`orchestry.sandbox.Sandbox` context manager (opened only after
             the clients passed their checks).
         clients: already opened clients (from :func:`open_clients`); closed at the end either way.
+        confidence / n_boot: level and resamples of the evaluation's bootstrap CIs (``intervals`` params).
 
     Returns:
         The summary dict (also written to ``out_dir/summary.json``).
@@ -671,7 +684,9 @@ def run_api_grpo(
     clients = clients or open_clients(cfg, sampling, model_path, model_dtype, cache_path)
     try:
         with sandbox_factory() as sandbox:
-            run = ApiGrpoRun(cfg, clients, train_problems, test_problems, sandbox, out_dir, on_metrics)
+            run = ApiGrpoRun(
+                cfg, clients, train_problems, test_problems, sandbox, out_dir, on_metrics, confidence, n_boot
+            )
             summary = run.run()
     finally:
         clients.close()
