@@ -6,6 +6,19 @@ step are sampled in ONE batched ``generate`` call (per-row adapters). Checkpoint
 resumes where it stopped and reproduces the uninterrupted one (sampling is seeded per step). Nothing depends on
 the machine's state: the training micro-batch is a parameter (``micro_batch_tokens``), not sized to free memory.
 
+Optional, off by default (``train_magrpo`` params): *dynamic sampling* (DAPO, arXiv 2503.14476) for the groups
+whose G joint rewards are all equal (:func:`flat_groups`: zero advantage, no gradient, yet they count in the loss's
+mean over problems): ``skip`` leaves them out of the loss, so the update equals the one of the other groups alone;
+``resample`` samples them again (up to ``max_resample`` extra rollouts per step) and skips those still flat.
+A *curriculum* (``base_reward``) orders the training problems by the base policy's own mean group reward, easiest
+first, from one rollout of the base model (``__base__`` rows, adapters off) at the start of a run; the order is
+logged and kept in the checkpoint.
+
+Each step's record also holds the ungated collaboration rates of the step's samples (``aux_defined_rate``,
+``aux_called_rate``, ``aux_used_rate``; see :class:`orchestry.rewards.code.LevelReward`), ``truncation_rate`` (a
+completion hit ``max_completion_length``), main's scheme distribution (``scheme/<name>``) and
+``zero_variance_groups`` (share of the step's groups whose rewards are all equal, as first sampled).
+
 A checkpoint is written crash-safely (:meth:`MAGRPOTrainer.save_checkpoint`): files go to ``<dir>.new``, are
 fsynced, ``manifest.json`` (size and SHA-256 of every file) is written last, then ``<dir>`` is renamed to
 ``<dir>.old``, ``<dir>.new`` to ``<dir>``, and ``<dir>.old`` is removed. A kill at any point leaves a complete
@@ -24,7 +37,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -41,6 +54,7 @@ from orchestry.llm.local import (
 )
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
 from orchestry.rewards.code import level_rewards
+from orchestry.schemes import scheme_distribution
 
 log = logging.getLogger("orchestry.magrpo")
 
@@ -48,6 +62,18 @@ AGENTS = ("helper", "main")
 CHECKPOINT_FILES = ("state.pt", "trainer.json", "samples.jsonl")
 # written last: a checkpoint without it, or with a file that differs from it, is incomplete
 MANIFEST = "manifest.json"
+BASE = "__base__"  # peft's per-row adapter name for the bare base model
+FLAT_ATOL = 1e-6  # joint rewards closer than this count as equal (sums of the same levels in another order)
+# seed offsets of the extra rollouts (resamples, the curriculum's base rollout), far from the steps' own seeds
+_RESAMPLE_SEED = 1_000_000_007
+_CURRICULUM_SEED = 1 << 40
+
+
+def flat_groups(rewards: torch.Tensor, atol: float = FLAT_ATOL) -> torch.Tensor:
+    """``[N]`` bool: the groups of ``rewards [N, G]`` whose G joint rewards are all equal (within ``atol``).
+
+    Their group-relative advantages are zero: they give no gradient (DAPO's "zero-variance" groups)."""
+    return (rewards.max(dim=1).values - rewards.min(dim=1).values) <= atol
 
 
 def _process_group() -> tuple[int, int]:
@@ -119,6 +145,12 @@ class Rollout:
     details: list[dict]  # N*G reward breakdowns (LevelReward.to_dict()) + texts
     G: int
     reward_seconds: float = 0.0
+    # dynamic_sampling=resample: share of flat groups when first sampled (None: as in ``rewards``), extra
+    # rollouts made, groups replaced, and tokens of every row generated this step (None: ``batch.items``'s)
+    zero_variance_groups: float | None = None
+    resample_rollouts: int = 0
+    resampled_groups: int = 0
+    tokens: tuple[int, int] | None = None
 
     def rows(self, agent_index: int) -> list[int]:
         n_agents = len(AGENTS)
@@ -127,6 +159,49 @@ class Rollout:
             for n in range(len(self.problems))
             for g in range(self.G)
         ]
+
+
+def _padded(batch: GenerationBatch, P: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch``'s sequences and attention mask laid out as ``[B, P + T]``: prompts left-padded to width ``P``,
+    completions right-padded to ``T`` (padding: id 0 under mask 0, as :func:`generate`'s own padding)."""
+    B, width = batch.sequences.shape[0], batch.prompt_width
+    t = batch.sequences.shape[1] - width
+    seqs = torch.zeros(B, P + T, dtype=batch.sequences.dtype)
+    mask = torch.zeros(B, P + T, dtype=batch.attention_mask.dtype)
+    seqs[:, P - width : P + t] = batch.sequences
+    mask[:, P - width : P + t] = batch.attention_mask
+    return seqs, mask
+
+
+def _replace_groups(ro: Rollout, new: Rollout, pairs: list[tuple[int, int]]) -> Rollout:
+    """``ro`` with its group ``n`` replaced by group ``j`` of ``new`` for each ``(n, j)`` of ``pairs`` (same G,
+    same problem): rows, rewards and records; the two batches are re-padded to one layout."""
+    G, n_agents = ro.G, len(AGENTS)
+    P = max(ro.batch.prompt_width, new.batch.prompt_width)
+    T = max(
+        ro.batch.sequences.shape[1] - ro.batch.prompt_width,
+        new.batch.sequences.shape[1] - new.batch.prompt_width,
+    )
+    seqs_a, mask_a = _padded(ro.batch, P, T)
+    seqs_b, mask_b = _padded(new.batch, P, T)
+    offset = seqs_a.shape[0]
+    source = list(range(offset))  # row of the merged batch -> row of cat(ro, new)
+    rewards = ro.rewards.clone()
+    details = list(ro.details)
+    for n, j in pairs:
+        if new.problems[j].task_id != ro.problems[n].task_id:
+            raise ValueError(f"group {n} ({ro.problems[n].task_id}) replaced by another problem")
+        for a in range(n_agents):
+            for g in range(G):
+                source[(n * n_agents + a) * G + g] = offset + (j * n_agents + a) * G + g
+        rewards[n] = new.rewards[j]
+        details[n * G : (n + 1) * G] = new.details[j * G : (j + 1) * G]
+    index = torch.tensor(source)
+    seqs, mask = torch.cat([seqs_a, seqs_b])[index], torch.cat([mask_a, mask_b])[index]
+    all_items = [*ro.batch.items, *new.batch.items]
+    items = [replace(all_items[src], row=i) for i, src in enumerate(source)]
+    batch = GenerationBatch(seqs, mask, P, items, ro.batch.seconds)
+    return Rollout(list(ro.problems), batch, rewards, details, G, ro.reward_seconds)
 
 
 @dataclass
@@ -161,6 +236,9 @@ class MAGRPOTrainer:
     samples: list[dict] = field(default_factory=list)
     micro_batch_tokens_limit: int | None = None
     resume_key: str = ""
+    # curriculum=base_reward: {"order": [task ids, easiest first], "base_reward": {task id: mean}, "seconds",
+    # "tokens/prompt", "tokens/completion"}; None without a curriculum
+    curriculum: dict | None = None
 
     def __post_init__(self):
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -172,6 +250,52 @@ class MAGRPOTrainer:
         random.Random(self.cfg.seed).shuffle(order)
         self.order = order
         self.rank, self.world_size = _process_group()
+
+    def build_curriculum(self) -> dict:
+        """Order the training problems by the base policy's mean group reward, easiest first (ties keep the
+        seeded order), from one rollout of the bare base model (``problems_per_step`` problems per batch).
+
+        Every process computes the same order (seeds without the rank; the main process's order is broadcast
+        when several train together). Sets ``self.order`` and ``self.curriculum`` and returns the latter.
+        """
+        t0 = time.time()
+        P = self.cfg.problems_per_step
+        means: list[float] = []
+        tokens = [0, 0]
+        for k, start in enumerate(range(0, len(self.problems), P)):
+            ro = self.rollout(self.problems[start : start + P], k, base=True)
+            means += ro.rewards.mean(dim=1).tolist()
+            tokens[0] += sum(i.prompt_tokens for i in ro.batch.items)
+            tokens[1] += sum(i.completion_tokens for i in ro.batch.items)
+        order = sorted(self.order, key=lambda i: -means[i])  # stable: ties keep the seeded shuffle's order
+        if self.world_size > 1:
+            from accelerate.utils import broadcast_object_list
+
+            order = broadcast_object_list([order], from_process=0)[0]
+        self.order = order
+        self.curriculum = {
+            "order": [self.problems[i].task_id for i in order],
+            "base_reward": {self.problems[i].task_id: means[i] for i in order},
+            "seconds": time.time() - t0,
+            "tokens/prompt": tokens[0],
+            "tokens/completion": tokens[1],
+        }
+        log.info(
+            "curriculum (base policy's mean group reward, easiest first): %s",
+            ", ".join(f"{t} {r:.3f}" for t, r in self.curriculum["base_reward"].items()),
+        )
+        return self.curriculum
+
+    def _curriculum_order(self, curriculum: dict | None) -> list[int] | None:
+        """A checkpoint's curriculum as an order of ``self.problems`` (None: no curriculum); raises if it does not
+        name each of this run's problems exactly once."""
+        if not curriculum:
+            return None
+        index = {p.task_id: i for i, p in enumerate(self.problems)}
+        order = [index[t] for t in curriculum["order"]]
+        if sorted(order) != list(range(len(self.problems))):
+            raise ValueError("the checkpoint's curriculum does not list this run's problems")
+        return order
 
     def _new_optimizers(self) -> dict[str, torch.optim.AdamW]:
         return {
@@ -191,7 +315,15 @@ class MAGRPOTrainer:
         idx = [self.order[(start + j) % len(self.order)] for j in range(P)]
         return [self.problems[i] for i in idx]
 
-    def rollout(self, problems: Sequence[Problem], step: int) -> Rollout:
+    def rollout(
+        self, problems: Sequence[Problem], step: int, attempt: int = 0, base: bool = False
+    ) -> Rollout:
+        """Sample G completions per agent for each problem (one batched ``generate``) and score the pairs.
+
+        ``attempt`` > 0: a resample of ``step`` (dynamic sampling), with its own seed. ``base``: the bare base
+        model writes both agents' completions (the curriculum's rollout), seeded alike on every process.
+        Each sample's record holds its completion token counts and whether each hit ``max_completion_length``.
+        """
         G = self.cfg.num_generations
         prompts, adapters = [], []
         for p in problems:
@@ -199,39 +331,96 @@ class MAGRPOTrainer:
             mp = chat_prompt(self.tokenizer, p.main_prompt(), MAIN_SYSTEM)
             for agent, prompt in zip(AGENTS, (hp, mp), strict=True):
                 prompts += [prompt] * G
-                adapters += [agent] * G
+                adapters += [BASE if base else agent] * G
+        seed = self.cfg.seed * 1_000_003 + step
+        if base:
+            seed += _CURRICULUM_SEED
+        else:
+            seed += 7919 * self.rank + _RESAMPLE_SEED * attempt
+        limit = self.sampling.max_completion_length
         batch = generate(
             self.model,
             self.tokenizer,
             prompts,
             adapters,
-            max_new_tokens=self.sampling.max_completion_length,
+            max_new_tokens=limit,
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
-            seed=self.cfg.seed * 1_000_003 + step + 7919 * self.rank,
+            seed=seed,
         )
         t0 = time.time()
-        probs, helpers, mains = [], [], []
+        probs, helpers, mains, rows = [], [], [], []
         for n, p in enumerate(problems):
             for g in range(G):
+                h, m = batch.items[(n * 2 + 0) * G + g], batch.items[(n * 2 + 1) * G + g]
                 probs.append(p)
-                helpers.append(batch.items[(n * 2 + 0) * G + g].text)
-                mains.append(batch.items[(n * 2 + 1) * G + g].text)
+                helpers.append(h.text)
+                mains.append(m.text)
+                rows.append((h, m))
         if self.reward_fn is not None:
             results = self.reward_fn(probs, helpers, mains)
         else:
-            results = level_rewards(probs, helpers, mains, self.sandbox)
+            truncated = [h.completion_tokens >= limit or m.completion_tokens >= limit for h, m in rows]
+            results = level_rewards(probs, helpers, mains, self.sandbox, truncated=truncated)
         rewards = torch.tensor([r.total for r in results], dtype=torch.float32).view(len(problems), G)
         details = []
         for i, r in enumerate(results):
             d = r.to_dict()
+            h, m = rows[i]
             d.update(task_id=probs[i].task_id, generation=i % G, helper=helpers[i], main=mains[i])
+            d.update(
+                helper_tokens=h.completion_tokens,
+                main_tokens=m.completion_tokens,
+                helper_truncated=h.completion_tokens >= limit,
+                main_truncated=m.completion_tokens >= limit,
+                truncated=h.completion_tokens >= limit or m.completion_tokens >= limit,
+                attempt=attempt,
+            )
             details.append(d)
         return Rollout(list(problems), batch, rewards, details, G, time.time() - t0)
+
+    def resample(self, ro: Rollout, step: int) -> Rollout:
+        """Dynamic sampling (DAPO): roll the flat groups of ``ro`` out again, at most ``max_resample`` times.
+
+        Each extra rollout takes the problems whose group is still flat (one batched ``generate``); a group
+        that comes back with unequal rewards replaces the flat one. Groups still flat after the last attempt
+        stay (and :meth:`update` leaves them out of the loss). Time and tokens of every rollout are counted.
+        """
+        G, N = ro.G, len(ro.problems)
+        ro.zero_variance_groups = float(flat_groups(ro.rewards).float().mean())
+        tokens = [
+            sum(i.prompt_tokens for i in ro.batch.items),
+            sum(i.completion_tokens for i in ro.batch.items),
+        ]
+        todo = [n for n, f in enumerate(flat_groups(ro.rewards).tolist()) if f]
+        attempt = 0
+        while todo and attempt < self.cfg.max_resample:
+            attempt += 1
+            new = self.rollout([ro.problems[n] for n in todo], step, attempt=attempt)
+            tokens[0] += sum(i.prompt_tokens for i in new.batch.items)
+            tokens[1] += sum(i.completion_tokens for i in new.batch.items)
+            still = flat_groups(new.rewards).tolist()
+            fixed = [(n, j) for j, n in enumerate(todo) if not still[j]]
+            merged = _replace_groups(ro, new, fixed) if fixed else ro
+            merged.reward_seconds = ro.reward_seconds + new.reward_seconds
+            merged.batch.seconds = ro.batch.seconds + new.batch.seconds
+            merged.zero_variance_groups = ro.zero_variance_groups
+            merged.resample_rollouts = ro.resample_rollouts + 1
+            merged.resampled_groups = ro.resampled_groups + len(fixed)
+            ro = merged
+            todo = [n for j, n in enumerate(todo) if still[j]]
+            log.debug("step %d resample %d: %d of %d groups still flat", step, attempt, len(todo), N)
+        ro.tokens = (tokens[0], tokens[1])
+        assert ro.rewards.shape == (N, G)
+        return ro
 
     # ------------------------------------------------------------------ update
     def update(self, ro: Rollout) -> dict:
         """One AdamW step per agent on the MAGRPO loss; rows with zero advantage are skipped when beta = 0.
+
+        With ``dynamic_sampling`` skip or resample, the flat groups (:func:`flat_groups`) are left out of the loss
+        (their rows, KL terms included, and their share of the mean over problems): the update is the one the
+        other groups give alone. ``skipped_groups`` in the result is their share (0.0 without).
 
         An agent's rows go through the model in micro-batches of whole problems (prompt + kept completions) of at
         most :meth:`micro_batch_tokens` tokens, one backward each; the loss is a sum over rows, so the accumulated
@@ -240,10 +429,24 @@ class MAGRPOTrainer:
         adv = group_advantages(ro.rewards, self.cfg.advantage)
         flat_adv = adv.flatten()
         out = {}
+        # dynamic sampling (skip / resample): the loss is the mean over the groups with unequal rewards only, so
+        # the update is the one those groups would give alone; None: every group counts (the paper's loss)
+        groups = None
+        if self.cfg.dynamic_sampling != "none":
+            flat = flat_groups(ro.rewards)
+            groups = [n for n, f in enumerate(flat.tolist()) if not f]
+            out["skipped_groups"] = float(flat.float().mean())
+        else:
+            out["skipped_groups"] = 0.0
+        in_loss = set(range(len(ro.problems))) if groups is None else set(groups)
         self.model.train()
         for a_idx, agent in enumerate(AGENTS):
             rows = ro.rows(a_idx)
-            keep = [j for j, r in enumerate(rows) if self.cfg.beta > 0 or float(flat_adv[j]) != 0.0]
+            keep = [
+                j
+                for j, r in enumerate(rows)
+                if (self.cfg.beta > 0 or float(flat_adv[j]) != 0.0) and j // ro.G in in_loss
+            ]
             opt = self.optimizers[agent]
             opt.zero_grad(set_to_none=True)
             if not keep and self.world_size == 1:
@@ -273,7 +476,16 @@ class MAGRPOTrainer:
                 kl_full = None
                 if kl is not None:
                     kl_full = torch.zeros(len(rows), device=dev).index_put((idx,), kl.float()).view_as(adv)
-                loss = policy_loss(full.view_as(adv), adv.to(dev), kl_full, self.cfg.beta)
+                if groups is None:
+                    loss = policy_loss(full.view_as(adv), adv.to(dev), kl_full, self.cfg.beta)
+                else:
+                    g_idx = torch.tensor(groups, device=dev)
+                    loss = policy_loss(
+                        full.view_as(adv)[g_idx],
+                        adv.to(dev)[g_idx],
+                        kl_full[g_idx] if kl_full is not None else None,
+                        self.cfg.beta,
+                    )
                 loss.backward()
                 loss_value += float(loss.detach())
             if self.world_size > 1 and not self._average_gradients(agent, len(keep)):
@@ -356,6 +568,8 @@ class MAGRPOTrainer:
             for rec in self.history:
                 if self.on_step and self.rank == 0:
                     self.on_step(rec)
+        elif self.cfg.curriculum == "base_reward":
+            self.build_curriculum()
         steps = range(start, self.cfg.num_steps)
         bar = None
         if progress and self.rank == 0:
@@ -366,6 +580,8 @@ class MAGRPOTrainer:
             t0 = time.time()
             problems = self.problems_for_step(step)
             ro = self.rollout(problems, step)
+            if self.cfg.dynamic_sampling == "resample":
+                ro = self.resample(ro, step)
             t1 = time.time()
             upd = self.update(ro)
             t2 = time.time()
@@ -393,6 +609,11 @@ class MAGRPOTrainer:
         det = ro.details
         n = len(det)
         items = ro.batch.items
+        prompt_tokens, completion_tokens = ro.tokens or (
+            sum(i.prompt_tokens for i in items),
+            sum(i.completion_tokens for i in items),
+        )
+        flat = float(flat_groups(ro.rewards).float().mean())
         rec = {
             "step": step,
             "reward": float(ro.rewards.mean()),
@@ -403,8 +624,22 @@ class MAGRPOTrainer:
             "cooperation_rate": sum(d["cooperation"] > 0 for d in det) / n,
             "pass_rate": sum(d["total_asserts"] > 0 and d["passed"] == d["total_asserts"] for d in det) / n,
             "reward_std_in_group": float(ro.rewards.std(dim=1, unbiased=False).mean()),
-            "tokens/prompt": sum(i.prompt_tokens for i in items),
-            "tokens/completion": sum(i.completion_tokens for i in items),
+            # ungated collaboration evidence (move before any assert passes) and truncation
+            "aux_defined_rate": sum(bool(d.get("aux_defined")) for d in det) / n,
+            "aux_called_rate": sum(bool(d.get("aux_called")) for d in det) / n,
+            "aux_used_rate": sum(bool(d.get("aux_used")) for d in det) / n,
+            "truncation_rate": sum(bool(d.get("truncated")) for d in det) / n,
+            "truncation_rate/helper": sum(bool(d.get("helper_truncated")) for d in det) / n,
+            "truncation_rate/main": sum(bool(d.get("main_truncated")) for d in det) / n,
+            **{
+                f"scheme/{k}": v for k, v in scheme_distribution(d.get("scheme", "none") for d in det).items()
+            },
+            # signal: groups whose G rewards are all equal give no gradient (as first sampled, before resampling)
+            "zero_variance_groups": flat if ro.zero_variance_groups is None else ro.zero_variance_groups,
+            "resample_rollouts": ro.resample_rollouts,
+            "resampled_groups": ro.resampled_groups,
+            "tokens/prompt": prompt_tokens,
+            "tokens/completion": completion_tokens,
             "seconds/generate": gen_s,
             "seconds/reward": ro.reward_seconds,
             "seconds/update": upd_s,
@@ -476,6 +711,7 @@ class MAGRPOTrainer:
             "config": self.cfg.model_dump(),
             "resume_key": self.resume_key,
             "history": self.history,
+            "curriculum": self.curriculum,
         }
         files = {
             "state.pt": _write_synced(tmp / "state.pt", buf.getvalue()),
@@ -499,6 +735,8 @@ class MAGRPOTrainer:
             return f"made with other train_magrpo params ({', '.join(changed)})"
         if info.get("resume_key", "") != self.resume_key:
             return "made with other code, data or params of the stage's other sections"
+        if self.cfg.curriculum != "none" and not info.get("curriculum"):
+            return "without the curriculum this run needs"
         next_step = int(info["next_step"])
         if next_step > self.cfg.num_steps:
             return (
@@ -556,6 +794,7 @@ class MAGRPOTrainer:
                 log.warning("checkpoint in %s is %s; not resuming it", folder, unfit)
                 continue
             try:
+                order = self._curriculum_order(info.get("curriculum"))  # before any state is restored
                 self.history, self.samples = self._restore(folder)
             except Exception as e:
                 log.warning(
@@ -565,6 +804,8 @@ class MAGRPOTrainer:
                     e,
                 )
                 continue
+            if order is not None:
+                self.order, self.curriculum = order, info["curriculum"]
             return int(info["next_step"])
         if any(f.exists() for f in (self._sibling(".new"), self.checkpoint_dir, self._sibling(".old"))):
             log.warning(
