@@ -257,10 +257,13 @@ class TrainOrchestratorParams(_Section):
     eval_budget_fraction: float = Field(0.3, ge=0, lt=1, description="share of the budget kept for the eval")
     prices: dict[str, ModelPrice] = Field(default_factory=dict, description="per-model price overrides")
     max_tokens: int = Field(96, ge=1, le=8192, description="completion tokens per agent call")
-    temperature: float | None = Field(None, ge=0, le=2, description="None: sampling's (anthropic: model default)")
+    temperature: float | None = Field(
+        None, ge=0, le=2, description="None: sampling's (anthropic: model default)"
+    )
     top_p: float | None = Field(None, gt=0, le=1, description="None: sampling's (anthropic: model default)")
     cache_path: Name = Field(
-        ".orchestry/orchestrator_cache.sqlite", description="response cache, by (agent, prompt) (repo-relative)"
+        ".orchestry/orchestrator_cache.sqlite",
+        description="response cache, by (agent, prompt) (repo-relative)",
     )
     embedding_cache_path: Name = Field(
         ".orchestry/orchestrator_embeddings.sqlite", description="state-embedding cache (repo-relative)"
