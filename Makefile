@@ -43,10 +43,15 @@ bench-sandbox: setup
 	source $(VENV)/bin/activate && python benchmarks/sandbox_vs_human_eval.py
 
 # comlrl==1.4.3 installs beside our stack in the same venv (it keeps torch 2.13.0 and transformers 5.23.0;
-# it adds wandb, datasets, openai, ...); installed on first use only.
-bench-magrpo: setup
+# it adds wandb, datasets, openai, ...); installed on first use only. The base model (models/base, an output of
+# the `prepare` stage) is made first when missing, e.g. on a fresh clone.
+bench-magrpo: setup models/base/config.json
 	@$(PY) -c "import comlrl" 2>/dev/null || $(PY) -m pip install -q -c constraints.txt -e '.[dev,bench]'
 	source $(VENV)/bin/activate && WANDB_MODE=disabled python benchmarks/magrpo_vs_comlrl.py
+
+models/base/config.json: | $(STAMP)
+	@test -d .git || (echo "models/base is made by \`dvc repro prepare\`, which needs a git checkout"; exit 1)
+	source $(VENV)/bin/activate && dvc repro prepare
 
 clean-venv:
 	rm -rf $(VENV)
