@@ -18,6 +18,7 @@ from orchestry.runtime import (
     write_json,
     write_jsonl,
 )
+from orchestry.schemes import SCHEMES
 from orchestry.tracking import log_metrics, stage_run
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
 
@@ -27,6 +28,11 @@ STEPS_CSV = Path("reports/train/magrpo_steps.csv")
 CSV_FIELDS = [
     "step", "reward", "structure", "syntax", "tests", "cooperation", "cooperation_rate", "pass_rate",
     "tokens/prompt", "tokens/completion", "seconds/generate", "seconds/reward", "seconds/update", "seconds",
+    # ungated collaboration evidence, truncation, main's scheme shares, learning signal (dynamic sampling)
+    "aux_defined_rate", "aux_called_rate", "aux_used_rate",
+    "truncation_rate", "truncation_rate/helper", "truncation_rate/main",
+    *(f"scheme/{s}" for s in SCHEMES),
+    "zero_variance_groups", "skipped_groups", "resample_rollouts", "resampled_groups",
 ]  # fmt: skip
 
 
@@ -84,6 +90,10 @@ def main() -> None:
             completion_tokens=sum(r["tokens/completion"] for r in history),
             prompt_tokens=sum(r["tokens/prompt"] for r in history),
         )
+        if trainer.curriculum:  # curriculum=base_reward: the order (logged) and the base rollout's cost
+            mlflow.log_dict(trainer.curriculum, "train/magrpo_curriculum.json")
+            summary["prompt_tokens"] += trainer.curriculum["tokens/prompt"]
+            summary["completion_tokens"] += trainer.curriculum["tokens/completion"]
         write_json("reports/train/magrpo.json", summary)
         log_metrics({f"summary/{k}": v for k, v in summary.items()})
         log_metrics(

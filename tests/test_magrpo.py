@@ -1,6 +1,8 @@
 """MAGRPO math against hand-computed values, and real updates on a tiny random Llama with two LoRA adapters."""
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,8 @@ from orchestry.llm.local import Generation, GenerationBatch, adapter_parameters,
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_group_advantages_hand_computed():
@@ -400,6 +404,11 @@ def test_step_record_collaboration_and_truncation_rates(embedded_tokenizer, tiny
     assert rec["aux_called_rate"] == rec["aux_used_rate"] == rec["aux_defined_rate"] == 0.0
     assert sum(v for k, v in rec.items() if k.startswith("scheme/")) == pytest.approx(1.0)
     assert rec["zero_variance_groups"] in (0.0, 1.0) and rec["skipped_groups"] == 0.0
+    # every column of reports/train/magrpo_steps.csv is in the step record (none left blank)
+    spec = importlib.util.spec_from_file_location("train_magrpo_stage", ROOT / "stages" / "train_magrpo.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    assert set(stage.CSV_FIELDS) <= set(rec), set(stage.CSV_FIELDS) - set(rec)
 
 
 def test_zero_variance_groups_share():
