@@ -208,7 +208,7 @@ def run_comlrl(n_problems: int, per_update: int, threads: int) -> None:
         advantage_normalization=False,
         advantage_mode="mean",
     )
-    dataset = Dataset.from_list([json.loads(p.to_json()) for p in problems])
+    dataset = Dataset.from_list([p.to_dict() for p in problems])
     trainer = Timed(
         agent_model=str(MODEL),
         num_agents=2,

@@ -9,7 +9,7 @@ import mlflow
 from orchestry.baselines import run_method
 from orchestry.config import BASELINE_METHODS
 from orchestry.metrics import summarize
-from orchestry.problems import read_jsonl
+from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, start_stage, write_json, write_jsonl
 from orchestry.tracking import log_metrics, stage_run
 
@@ -20,7 +20,7 @@ def main() -> None:
     args = ap.parse_args()
     params = start_stage(f"baselines@{args.method}")
     cfg = params.baselines
-    problems = read_jsonl("data/problems/test.jsonl")[: cfg.max_problems]
+    problems = read_problems("data/problems/test.jsonl")[: cfg.max_problems]
     logged = {
         **cfg.model_dump(),
         "method": args.method,

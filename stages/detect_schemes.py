@@ -5,7 +5,7 @@ from pathlib import Path
 
 import mlflow
 
-from orchestry.problems import read_jsonl as read_problems
+from orchestry.problems import read_problems
 from orchestry.rewards.code import extract_code
 from orchestry.runtime import read_jsonl, start_stage, write_json, write_jsonl
 from orchestry.schemes import SCHEMES, detect_scheme, scheme_distribution

@@ -8,17 +8,8 @@ import mlflow
 
 from orchestry.baselines import run_method
 from orchestry.metrics import summarize
-from orchestry.problems import read_jsonl
-from orchestry.runtime import (
-    load_policy,
-    open_sandbox,
-    start_stage,
-    write_json,
-    write_jsonl,
-)
-from orchestry.runtime import (
-    read_jsonl as read_records,
-)
+from orchestry.problems import read_problems
+from orchestry.runtime import load_policy, open_sandbox, read_jsonl, start_stage, write_json, write_jsonl
 from orchestry.tracking import log_metrics, stage_run
 
 ADAPTERS = Path("models/adapters/magrpo")
@@ -27,7 +18,7 @@ ADAPTERS = Path("models/adapters/magrpo")
 def main() -> None:
     params = start_stage("evaluate")
     cfg = params.evaluate
-    problems = read_jsonl("data/problems/test.jsonl")[: cfg.max_problems]
+    problems = read_problems("data/problems/test.jsonl")[: cfg.max_problems]
     ks = sorted({1, cfg.num_samples})
     iv = params.intervals
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
@@ -53,7 +44,7 @@ def main() -> None:
                 mlflow.log_artifact(f"reports/eval/{name}.jsonl", "samples")
                 log_metrics({f"{name}/{k}": v for k, v in summary.items()})
         for path in sorted(Path("reports/baselines").glob("*.jsonl")):
-            recs = read_records(path)
+            recs = read_jsonl(path)
             ks_b = sorted({1, params.baselines.num_samples})
             methods[f"baseline_{path.stem}"] = summarize(recs, ks_b, iv.confidence, iv.resamples)
         report = {

@@ -4,8 +4,8 @@ import sys
 import time
 from pathlib import Path
 
-from orchestry.problems import ProblemFormatError, load_problems, split_problems, write_jsonl
-from orchestry.runtime import open_sandbox, start_stage, write_json
+from orchestry.problems import ProblemFormatError, load_problems, split_problems
+from orchestry.runtime import open_sandbox, start_stage, write_json, write_jsonl
 from orchestry.sandbox import Job
 from orchestry.tracking import log_metrics, stage_run
 
@@ -20,8 +20,8 @@ def main() -> None:
     splits = split_problems(problems, cfg.split, cfg.seed, cfg.fractions)
     with stage_run("prepare", cfg.model_dump(), params.mlflow.experiment):
         for name, items in splits.items():
-            write_jsonl(items, f"data/problems/{name}.jsonl")
-        write_jsonl(problems, "data/problems/all.jsonl")
+            write_jsonl(f"data/problems/{name}.jsonl", (p.to_dict() for p in items))
+        write_jsonl("data/problems/all.jsonl", (p.to_dict() for p in problems))
         t0 = time.time()
         with_solution = [p for p in problems if p.canonical_solution]
         jobs = [

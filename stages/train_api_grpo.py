@@ -12,7 +12,7 @@ import mlflow
 
 from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
-from orchestry.problems import read_jsonl
+from orchestry.problems import read_problems
 from orchestry.runtime import open_sandbox, start_stage
 from orchestry.tracking import log_metrics, stage_run
 from orchestry.training.api_grpo import open_clients, run_api_grpo
@@ -33,8 +33,8 @@ def _flat_numbers(d: dict, prefix: str = "") -> dict:
 def main() -> None:
     params = start_stage("train_api_grpo")
     cfg = params.api_grpo
-    train = read_jsonl("data/problems/train.jsonl")
-    test = read_jsonl("data/problems/test.jsonl")
+    train = read_problems("data/problems/train.jsonl")
+    test = read_problems("data/problems/test.jsonl")
     try:  # key, price and server are checked here, before the MLflow run, the model or the sandbox
         clients = open_clients(cfg, params.sampling, params.model.path, params.model.dtype)
     except (BackendConfigError, PriceError) as e:

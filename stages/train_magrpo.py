@@ -9,7 +9,7 @@ import mlflow
 
 from orchestry.llm.local import attach_adapters
 from orchestry.metrics import quarter_comparison
-from orchestry.problems import read_jsonl
+from orchestry.problems import read_problems
 from orchestry.runtime import (
     load_policy,
     open_sandbox,
@@ -39,7 +39,7 @@ CSV_FIELDS = [
 def main() -> None:
     params = start_stage("train_magrpo")
     cfg = params.train_magrpo
-    problems = read_jsonl("data/problems/train.jsonl")[: cfg.max_problems]
+    problems = read_problems("data/problems/train.jsonl")[: cfg.max_problems]
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
     with stage_run("train_magrpo", logged, params.mlflow.experiment):
         model, tok = load_policy(params)

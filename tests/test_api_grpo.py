@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fake_llm_servers import FakeAnthropic, FakeOpenAI
 
-from orchestry.algorithms.api_grpo import beam_search, expand, group_advantages, prune
+from orchestry.algorithms.api_grpo import beam_search, expand, prune, value_advantages
 from orchestry.algorithms.behaviors import contrast, extract_behaviors, split_top_bottom
 from orchestry.config import ApiGrpoParams, SamplingParams
 from orchestry.llm.backends import ChatResult
@@ -58,9 +58,9 @@ def test_prune_keeps_exactly_the_top_n_by_value() -> None:
     ]  # duplicates fill the beam when nothing else is left
 
 
-def test_group_advantages_and_expand() -> None:
-    assert group_advantages([1.0, 2.0, 3.0]) == [-1.0, 0.0, 1.0]
-    assert group_advantages([]) == []
+def test_value_advantages_and_expand() -> None:
+    assert value_advantages([1.0, 2.0, 3.0]) == [-1.0, 0.0, 1.0]
+    assert value_advantages([]) == []
     assert expand(2, 3) == [(0, 0), (0, 1), (0, 2), (1, 3), (1, 4), (1, 5)]
 
 
@@ -377,7 +377,7 @@ def test_stage_library_with_the_embedded_model(tmp_path) -> None:
     import torch
 
     from orchestry.plots_api_grpo import plot_api_grpo
-    from orchestry.problems import read_jsonl
+    from orchestry.problems import read_problems
 
     if (
         not (REPO / "models" / "base" / "model.safetensors").exists()
@@ -389,8 +389,8 @@ def test_stage_library_with_the_embedded_model(tmp_path) -> None:
     try:
         cfg = ApiGrpoParams(num_episodes=2, behavior_every=2, k_samples=2, beam_width=1, max_tokens=32,
                             max_problems_eval=1, cache_path=str(tmp_path / "c.sqlite"))  # fmt: skip
-        train = read_jsonl(REPO / "data/problems/train.jsonl")
-        test = read_jsonl(REPO / "data/problems/test.jsonl")
+        train = read_problems(REPO / "data/problems/train.jsonl")
+        test = read_problems(REPO / "data/problems/test.jsonl")
         summary = run_api_grpo(cfg, SamplingParams(), train, test, lambda: Sandbox(max_workers=1), tmp_path / "out",
                                model_path=str(REPO / "models" / "base"))  # fmt: skip
     finally:

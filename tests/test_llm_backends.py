@@ -27,7 +27,8 @@ from orchestry.llm.backends import (
 )
 from orchestry.llm.cache import CachedChat, ResponseCache, cache_key
 from orchestry.llm.cost import BudgetExceeded, CostTracker, Price, PriceError, price_for, require_price
-from orchestry.problems import make_problem, write_jsonl
+from orchestry.problems import make_problem
+from orchestry.runtime import write_jsonl
 from orchestry.training.api_grpo import open_clients
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,7 +128,7 @@ def test_stage_without_key_exits_before_mlflow_model_or_sandbox(monkeypatch, tmp
          "test": "def check(candidate):\n    assert candidate(1) == 2\n"}
     )  # fmt: skip
     for split in ("train", "test"):
-        write_jsonl([problem], tmp_path / "data" / "problems" / f"{split}.jsonl")
+        write_jsonl(tmp_path / "data" / "problems" / f"{split}.jsonl", [problem.to_dict()])
     (tmp_path / "params.yaml").write_text("api_grpo:\n  backend: anthropic\n  model: claude-haiku-4-5\n")
     env = {k: v for k, v in __import__("os").environ.items() if k != "ANTHROPIC_API_KEY"}
     proc = subprocess.run(

@@ -15,7 +15,7 @@ import ast
 import gzip
 import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -83,10 +83,11 @@ class Problem:
         """User message for the single-agent baseline: one model writes the entry point alone."""
         return f"Solve this problem in Python:\n\n{self.prompt}\nImplement the function `{self.entry_point}`."
 
-    def to_json(self) -> str:
+    def to_dict(self) -> dict:
+        """The JSON record (``data/problems/*.jsonl`` lines; :meth:`from_dict` reads it back)."""
         d = asdict(self)
         d["asserts"] = list(self.asserts)
-        return json.dumps(d)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Problem:
@@ -289,14 +290,12 @@ def split_problems(
     raise ValueError(f"unknown split scheme {scheme!r} (allowed: 'magrpo', 'random')")
 
 
-def write_jsonl(problems: Iterable[Problem], path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for p in problems:
-            f.write(p.to_json() + "\n")
-
-
-def read_jsonl(path: str | Path) -> list[Problem]:
-    """Read problems written by :func:`write_jsonl` (the ``prepare`` stage's outputs)."""
+def read_problems(path: str | Path) -> list[Problem]:
+    """Problems of a ``data/problems/*.jsonl`` file (the ``prepare`` stage writes them with
+    ``orchestry.runtime.write_jsonl(path, (p.to_dict() for p in problems))``)."""
     return [Problem.from_dict(r) for _, r in read_records(path)]
+
+
+# Transitional: stages/train_orchestrator.py (in progress, not yet committed) still imports this name; the one
+# JSONL pair is orchestry.runtime.read_jsonl/write_jsonl. Remove once that stage uses read_problems.
+read_jsonl = read_problems

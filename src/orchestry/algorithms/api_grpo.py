@@ -86,12 +86,13 @@ def prune(values: Sequence[float], beam_width: int, keys: Sequence[Hashable] | N
     return (kept + dupes)[:beam_width] if len(kept) < beam_width else kept[:beam_width]
 
 
-def group_advantages(rewards: Sequence[float]) -> list[float]:
-    """Group-relative advantages ``A_g = R_g - mean(R)`` (MAGRPO/GRPO paper-era form, no std division)."""
-    if not rewards:
+def value_advantages(values: Sequence[float]) -> list[float]:
+    """Group-relative advantages of one beam group's trajectory values, ``A_g = V_g - mean(V)`` (the ``mean``
+    form of MAGRPO's tensor :func:`orchestry.algorithms.magrpo.group_advantages`, on plain floats)."""
+    if not values:
         return []
-    mean = sum(rewards) / len(rewards)
-    return [r - mean for r in rewards]
+    mean = sum(values) / len(values)
+    return [v - mean for v in values]
 
 
 Sampler = Callable[[list[tuple[int, Trajectory, int]]], list[Any]]
@@ -146,7 +147,7 @@ def beam_search(
                 groups[e], kept_last[e] = mine, keep
     out = []
     for e in range(num_episodes):
-        adv = group_advantages([c.value for c in groups[e]])
+        adv = value_advantages([c.value for c in groups[e]])
         selected = max(range(len(adv)), key=lambda i: (adv[i], -i)) if adv else -1
         out.append(EpisodeSearch(groups[e], adv, selected, kept_last[e], histories[e]))
     return out
