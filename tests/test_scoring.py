@@ -92,6 +92,10 @@ def test_score_cli_keeps_order_keys_and_reasons(tmp_path: Path, problems_file: P
         "total_asserts",
         "scheme",
         "reasons",
+        "aux_defined",
+        "aux_called",
+        "aux_used",
+        "truncated",
     }
     for row in rows:
         assert fields <= set(row)
