@@ -5,7 +5,13 @@ from pathlib import Path
 
 import mlflow
 
-from orchestry.plots import plot_learning_curves, plot_methods, plot_schemes
+from orchestry.plots import (
+    plot_collaboration,
+    plot_learning_curves,
+    plot_methods,
+    plot_scheme_evolution,
+    plot_schemes,
+)
 from orchestry.plots_api_grpo import plot_api_grpo
 from orchestry.runtime import start_stage
 from orchestry.tracking import stage_run
@@ -19,7 +25,12 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     with stage_run("plot", cfg.model_dump(), params.mlflow.experiment):
         plot_learning_curves("reports/train/magrpo_steps.csv", OUT / "learning_curves.png", cfg.dpi)
-        plot_methods(json.loads(Path("reports/metrics.json").read_text()), OUT / "methods.png", cfg.dpi)
+        metrics = json.loads(Path("reports/metrics.json").read_text())
+        plot_methods(metrics, OUT / "methods.png", cfg.dpi)
+        plot_collaboration(metrics, OUT / "collaboration.png", cfg.dpi)
+        first = plot_scheme_evolution("reports/train/magrpo_steps.csv", OUT / "scheme_evolution.png", cfg.dpi)
+        print("schemes first seen at training step:", first or "none")
+        mlflow.log_dict({"first_step": first}, "schemes_first_step.json")
         plot_schemes(json.loads(Path("reports/schemes.json").read_text()), OUT / "schemes.png", cfg.dpi)
         plot_api_grpo(Path("reports/api_grpo"), OUT / "api_grpo.png", cfg.dpi)
         mlflow.log_artifacts(str(OUT), "figures")

@@ -142,3 +142,57 @@ def test_methods_figure_titles_the_level_of_its_intervals(tmp_path, monkeypatch)
     plots.plot_methods(metrics, tmp_path / "m.png")
     titles = [ax.get_title() for ax in figs[0].axes]
     assert all("90% bootstrap CI" in t for t in titles), titles
+
+
+def _rec(task, called, used, defined=True, truncated=None, coop=0.0):
+    return {
+        "task_id": task, "total": 1.0, "structure": 1.0, "syntax": 0.5, "tests": 0.0, "cooperation": coop,
+        "passed": 0, "total_asserts": 3, "aux_defined": defined, "aux_called": called, "aux_used": used,
+        "truncated": truncated,
+    }  # fmt: skip
+
+
+def test_ungated_collaboration_rates_on_crafted_samples():
+    """aux_called/aux_used/aux_defined rates count samples whatever the gated cooperation level says, with
+    intervals over problems; truncation ignores samples where it was not recorded."""
+    from orchestry.metrics import summarize
+
+    recs = [
+        _rec("a", True, True, truncated=True),
+        _rec("a", True, False, truncated=False),
+        _rec("b", False, False, defined=False),
+        _rec("b", True, True, truncated=False),
+    ]
+    s = summarize(recs, confidence=0.95, n_boot=200)
+    assert s["aux_called_rate"] == 0.75
+    assert s["aux_used_rate"] == 0.5
+    assert s["aux_defined_rate"] == 0.75
+    assert s["truncation_rate"] == 1 / 3
+    assert s["cooperation_rate"] == 0.0  # gated: no assert passed
+    assert 0.5 <= s["aux_called_rate_ci_low"] <= s["aux_called_rate"] <= s["aux_called_rate_ci_high"] <= 1.0
+    assert summarize([_rec("a", False, False)])["truncation_rate"] is None
+
+
+def test_scheme_first_steps_and_figures(tmp_path):
+    from orchestry.plots import plot_collaboration, plot_scheme_evolution, scheme_first_steps
+
+    rows = [
+        {"step": "0", "scheme/none": "1.0", "scheme/decorator": "0.0", "aux_called_rate": "0"},
+        {"step": "1", "scheme/none": "0.5", "scheme/decorator": "0.5", "aux_called_rate": "0.5"},
+        {"step": "2", "scheme/none": "0.75", "scheme/decorator": "0.0", "aux_called_rate": "0.25"},
+    ]
+    assert scheme_first_steps(rows) == {"none": 0, "decorator": 1}
+    csv_path = tmp_path / "steps.csv"
+    csv_path.write_text(
+        "step,scheme/none,scheme/decorator,aux_called_rate\n"
+        + "".join(
+            f"{r['step']},{r['scheme/none']},{r['scheme/decorator']},{r['aux_called_rate']}\n" for r in rows
+        )
+    )
+    assert plot_scheme_evolution(csv_path, tmp_path / "ev.png") == {"none": 0, "decorator": 1}
+    assert (tmp_path / "ev.png").stat().st_size > 1000
+    from orchestry.metrics import summarize
+
+    metrics = {"intervals": {"confidence": 0.9}, "methods": {"base": summarize([_rec("a", True, True)])}}
+    plot_collaboration(metrics, tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000

@@ -32,6 +32,7 @@ class _Gen:
     prompt_tokens: int
     completion_tokens: int
     seconds: float
+    truncated: bool = False  # the (last round's) completion reached max_completion_length
 
 
 def sample_texts(
@@ -59,7 +60,11 @@ def sample_texts(
             seed=seed + start,
         )
         per_row = b.seconds / max(1, len(chunk))
-        out += [_Gen(i.text, i.prompt_tokens, i.completion_tokens, per_row) for i in b.items]
+        limit = sampling.max_completion_length
+        out += [
+            _Gen(i.text, i.prompt_tokens, i.completion_tokens, per_row, i.completion_tokens >= limit)
+            for i in b.items
+        ]
     return out
 
 
@@ -180,6 +185,7 @@ def run_method(
                 a.prompt_tokens + b.prompt_tokens,
                 a.completion_tokens + b.completion_tokens,
                 a.seconds + b.seconds,
+                b.truncated,
             )
             for a, b in zip(h1, h2, strict=True)
         ]
@@ -189,14 +195,20 @@ def run_method(
                 a.prompt_tokens + b.prompt_tokens,
                 a.completion_tokens + b.completion_tokens,
                 a.seconds + b.seconds,
+                b.truncated,
             )
             for a, b in zip(m1, m2, strict=True)
         ]
     probs = [p for p, _ in jobs]
     if method == "single":
-        rewards = single_rewards(probs, [m.text for m in mains], sandbox)
+        rewards = single_rewards(
+            probs, [m.text for m in mains], sandbox, truncated=[m.truncated for m in mains]
+        )
     else:
-        rewards = level_rewards(probs, [h.text for h in helpers], [m.text for m in mains], sandbox)
+        trunc = [h.truncated or m.truncated for h, m in zip(helpers, mains, strict=True)]
+        rewards = level_rewards(
+            probs, [h.text for h in helpers], [m.text for m in mains], sandbox, truncated=trunc
+        )
     records = []
     for i, ((p, s), r) in enumerate(zip(jobs, rewards, strict=True)):
         h = helpers[i] if helpers else _Gen("", 0, 0, 0.0)
@@ -209,6 +221,8 @@ def run_method(
             "main": m.text,
             **r.to_dict(),
             "pass": r.total_asserts > 0 and r.passed == r.total_asserts,
+            "helper_truncated": h.truncated,
+            "main_truncated": m.truncated,
             "prompt_tokens": h.prompt_tokens + m.prompt_tokens,
             "completion_tokens": h.completion_tokens + m.completion_tokens,
             "seconds": h.seconds + m.seconds,

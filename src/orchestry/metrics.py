@@ -65,8 +65,10 @@ def summarize(
         ``n_problems``, ``n_samples``, ``pass@k`` and ``accuracy@k`` for each k that fits the per-problem
         sample count, ``reward`` (mean total, max 4.0) with ``reward_ci_low/high`` (bootstrap over problems),
         mean of each level, ``cooperation_rate`` (share with cooperation > 0), ``structure_rate``
-        (structure = 1.0), ``syntax_rate``, ``pass_rate``, mean ``prompt_tokens``/``completion_tokens`` per
-        sample.
+        (structure = 1.0), ``syntax_rate``, ``pass_rate``; ungated ``aux_defined_rate``, ``aux_called_rate``,
+        ``aux_used_rate`` (each with ``_ci_low/_ci_high`` over problems) and ``truncation_rate`` (share of
+        samples with a completion that hit ``max_completion_length``; None when not recorded); mean
+        ``prompt_tokens``/``completion_tokens`` per sample.
     """
     by_task: dict[str, list[dict]] = defaultdict(list)
     for r in records:
@@ -101,6 +103,13 @@ def summarize(
     out["pass_rate"] = sum(map(is_pass, records)) / n
     pass_per_problem = [sum(map(is_pass, v)) / len(v) for v in by_task.values()]
     out["pass_rate_ci_low"], out["pass_rate_ci_high"] = bootstrap_ci(pass_per_problem, confidence, n_boot)
+    # ungated collaboration facts (they can move before any assert passes); intervals over problems
+    for key in ("aux_defined", "aux_called", "aux_used"):
+        out[f"{key}_rate"] = sum(bool(r.get(key)) for r in records) / n
+        per = [sum(bool(r.get(key)) for r in v) / len(v) for v in by_task.values()]
+        out[f"{key}_rate_ci_low"], out[f"{key}_rate_ci_high"] = bootstrap_ci(per, confidence, n_boot)
+    flags = [r["truncated"] for r in records if r.get("truncated") is not None]
+    out["truncation_rate"] = sum(map(bool, flags)) / len(flags) if flags else None
     out["prompt_tokens"] = sum(r.get("prompt_tokens", 0) for r in records) / n
     out["completion_tokens"] = sum(r.get("completion_tokens", 0) for r in records) / n
     return out

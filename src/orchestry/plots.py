@@ -110,3 +110,79 @@ def plot_schemes(schemes: dict, out_png: str | Path, dpi: int = 120) -> None:
     fig.tight_layout()
     fig.savefig(out_png, dpi=dpi)
     plt.close(fig)
+
+
+COLLAB_RATES = {
+    "aux_called_rate": "main calls aux (ungated)",
+    "aux_used_rate": "main uses aux's value (ungated)",
+    "cooperation_rate": "cooperation level > 0 (gated on a passing assert)",
+}
+
+
+def plot_collaboration(metrics: dict, out_png: str | Path, dpi: int = 120) -> None:
+    """Per method: share of samples whose main calls ``aux``, uses its value (both ungated, with the
+    bootstrap intervals over problems recorded in ``metrics``) and reaches the gated cooperation level."""
+    methods = [m for m in metrics["methods"] if "aux_called_rate" in metrics["methods"][m]]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(methods) + 2), 4))
+    width = 0.8 / len(COLLAB_RATES)
+    for j, (key, label) in enumerate(COLLAB_RATES.items()):
+        xs = [i + (j - 1) * width for i in range(len(methods))]
+        ys = [metrics["methods"][m].get(key, 0.0) for m in methods]
+        lo = [metrics["methods"][m].get(f"{key}_ci_low") for m in methods]
+        hi = [metrics["methods"][m].get(f"{key}_ci_high") for m in methods]
+        err = None
+        if all(v is not None for v in lo + hi):
+            err = [
+                [max(0.0, y - v) for y, v in zip(ys, lo, strict=True)],
+                [max(0.0, v - y) for y, v in zip(ys, hi, strict=True)],
+            ]
+        ax.bar(xs, ys, width, yerr=err, capsize=3, label=label)
+    level = metrics.get("intervals", {}).get("confidence")
+    ax.set_xticks(
+        range(len(methods)), [METHOD_LABELS.get(m, m) for m in methods], rotation=20, ha="right", fontsize=8
+    )
+    title = "Collaboration on the test split"
+    ax.set(title=title + (f" ({level:.0%} bootstrap intervals)" if level else ""), ylabel="share of samples")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=dpi)
+    plt.close(fig)
+
+
+def scheme_first_steps(rows: list[dict]) -> dict[str, int]:
+    """First training step at which each scheme of main's code appears (``scheme/<name>`` share > 0)."""
+    first: dict[str, int] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith("scheme/") and v not in ("", None) and float(v) > 0 and k[7:] not in first:
+                first[k[7:]] = int(r["step"])
+    return first
+
+
+def plot_scheme_evolution(steps_csv: str | Path, out_png: str | Path, dpi: int = 120) -> dict[str, int]:
+    """Scheme distribution of main's code per MAGRPO step (stacked shares of the step's samples), the
+    ungated aux-call rate and the share of zero-variance groups; returns each scheme's first step."""
+    with open(steps_csv) as f:
+        rows = list(csv.DictReader(f))
+    steps = [int(r["step"]) for r in rows]
+    schemes = sorted({k[7:] for r in rows for k in r if k.startswith("scheme/")})
+    first = scheme_first_steps(rows)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    if schemes:
+        shares = [[float(r.get(f"scheme/{s}") or 0.0) for r in rows] for s in schemes]
+        labels = [f"{s} (first at step {first[s]})" if s in first else f"{s} (never)" for s in schemes]
+        axes[0].stackplot(steps, shares, labels=labels, alpha=0.85)
+        axes[0].legend(loc="upper left", fontsize=7)
+    axes[0].set(
+        title="Scheme of main's code per step", xlabel="policy update (step)", ylabel="share of samples"
+    )
+    for key, label in (("aux_called_rate", "main calls aux"), ("aux_used_rate", "main uses aux's value"),
+                       ("zero_variance_groups", "zero-variance groups")):  # fmt: skip
+        if rows and key in rows[0]:
+            axes[1].plot(steps, [float(r[key] or 0.0) for r in rows], "o-", ms=3, label=label)
+    axes[1].set(title="Ungated collaboration and flat groups", xlabel="policy update (step)", ylabel="share")
+    axes[1].legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=dpi)
+    plt.close(fig)
+    return first
