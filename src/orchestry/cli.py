@@ -190,5 +190,58 @@ def _print_summary(d: dict, out: Path, single: bool) -> None:
     Console().print(table)
 
 
+@app.command()
+def seeds(
+    seed_param: Annotated[
+        str, typer.Option(help="Params key that varies between experiments.")
+    ] = "train_magrpo.seed",
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Metric as file:key (nested keys with dots); 'A - B' for a difference. Repeatable. Default: "
+            "trained-minus-base test reward and last-minus-first-quarter training reward."
+        ),
+    ] = None,
+    confidence: Annotated[float, typer.Option(min=0.5, max=0.999, help="Interval level.")] = 0.95,
+    repo: Annotated[Path, typer.Option(help="DVC repository.")] = Path("."),
+    debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")] = False,
+) -> None:
+    """Aggregate DVC experiments over seeds: per-seed values and the mean with a bootstrap interval over seeds.
+
+    Run the seeds first, e.g. ``for s in 1 2 3; do dvc exp run --queue -S train_magrpo.seed=$s; done`` then
+    ``dvc exp run --run-all``.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestry.experiments import collect, seed_table
+
+    metrics = metric or [
+        "reports/metrics.json:methods.magrpo.reward - reports/metrics.json:methods.base.reward",
+        "reports/train/magrpo.json:difference",
+    ]
+    keys = [" - ".join(f"metric:{part.strip()}" for part in m.split(" - ")) for m in metrics]
+    try:
+        df = collect(repo)
+        per_seed, summary = seed_table(df, f"param:params.yaml:{seed_param}", keys, confidence)
+    except (RuntimeError, KeyError) as e:
+        _fail(str(e), 2, debug)
+    console = Console()
+    t = Table(title=f"per seed ({seed_param})")
+    t.add_column("seed")
+    for k in keys:
+        t.add_column(k.replace("metric:", ""), justify="right")
+    for seed, row in per_seed.iterrows():
+        t.add_row(str(seed), *(f"{row[k]:.3f}" for k in keys))
+    console.print(t)
+    s = Table(title=f"over seeds ({confidence:.0%} bootstrap interval)")
+    for c in ("metric", "n_seeds", "mean", "interval", "excludes 0"):
+        s.add_column(c)
+    for k, row in summary.iterrows():
+        s.add_row(k.replace("metric:", ""), str(row["n_seeds"]), f"{row['mean']:.3f}",
+                  f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]", "yes" if row["excludes_zero"] else "no")  # fmt: skip
+    console.print(s)
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -1,0 +1,115 @@
+"""DVC experiments gathered into one table: per-seed values of a metric and an interval over seeds.
+
+``dvc exp run --queue -S train_magrpo.seed=1 ...`` then ``dvc exp run --run-all`` leaves one experiment per
+seed; :func:`collect` reads them from ``dvc exp show --json`` (the real DVC output, no private API) and
+:func:`seed_table` aggregates one metric over them: mean over seeds with a percentile bootstrap interval over
+seeds (the seeds are the resampled unit; with 3 seeds the interval is coarse and says so by its width).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from orchestry.metrics import bootstrap_ci
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _runs(nodes: list) -> Iterator[dict]:
+    """Every revision in ``dvc exp show --json`` (workspace, baseline commits and their experiments)."""
+    for node in nodes or ():
+        if isinstance(node, dict) and isinstance(node.get("data"), dict):
+            yield node
+        for exp in (node or {}).get("experiments") or ():
+            yield from _runs(exp.get("revs") or [])
+
+
+def parse_exp_show(payload: list) -> pd.DataFrame:
+    """One row per revision of ``dvc exp show --json``: ``name``, ``rev``, then ``param:<file>:<key>`` and
+    ``metric:<file>:<key>`` columns (nested keys joined by dots). Metrics files that failed to load are
+    left out of that row."""
+    rows = []
+    for run in _runs(payload):
+        data = run["data"]
+        row = {"name": run.get("name") or run.get("rev"), "rev": run.get("rev")}
+        for kind in ("params", "metrics"):
+            for fname, content in (data.get(kind) or {}).items():
+                if isinstance(content, dict) and isinstance(content.get("data"), dict):
+                    for k, v in _flatten(content["data"]).items():
+                        row[f"{kind[:-1]}:{fname}:{k}"] = v
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def collect(repo: str | Path = ".", dvc: str = "dvc") -> pd.DataFrame:
+    """Run ``dvc exp show --json --all-commits`` in ``repo`` and parse it (see :func:`parse_exp_show`).
+
+    Raises:
+        RuntimeError: DVC failed (message is DVC's stderr).
+    """
+    cp = subprocess.run(
+        [dvc, "exp", "show", "--json", "--all-commits"], cwd=repo, capture_output=True, text=True, check=False
+    )
+    if cp.returncode != 0:
+        raise RuntimeError(f"dvc exp show failed: {cp.stderr.strip()[:500]}")
+    return parse_exp_show(json.loads(cp.stdout))
+
+
+def seed_table(
+    df: pd.DataFrame,
+    seed_param: str,
+    metrics: Sequence[str],
+    confidence: float = 0.95,
+    resamples: int = 10_000,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-seed values of ``metrics`` (column names of ``df``; ``A - B`` means the difference of two columns)
+    and their mean over seeds with a bootstrap interval over seeds.
+
+    Experiments with the same seed (e.g. the workspace and the experiment it came from) count once: the last
+    row per seed. Rows lacking a metric are dropped for that metric.
+
+    Returns:
+        (per_seed, summary): ``per_seed`` indexed by seed with one column per metric; ``summary`` with rows
+        per metric and columns ``n_seeds, mean, ci_low, ci_high, excludes_zero``.
+
+    Raises:
+        KeyError: ``seed_param`` or a metric column is not in ``df``.
+    """
+    if seed_param not in df.columns:
+        raise KeyError(
+            f"no column {seed_param!r}; params columns: {[c for c in df.columns if c.startswith('param:')]}"
+        )
+    per_seed = pd.DataFrame(index=sorted(df[seed_param].dropna().unique()))
+    per_seed.index.name = seed_param
+    last = df.dropna(subset=[seed_param]).groupby(seed_param).tail(1).set_index(seed_param)
+    for m in metrics:
+        if m in last.columns:
+            per_seed[m] = last[m]
+        elif " - " in m and all(p in last.columns for p in m.split(" - ", 1)):
+            a, b = m.split(" - ", 1)
+            per_seed[m] = last[a] - last[b]
+        else:
+            raise KeyError(f"no metric column {m!r}")
+    per_seed = per_seed.dropna(how="all")  # e.g. the baseline commit, whose metrics were never computed
+    rows = []
+    for m in metrics:
+        vals = [float(v) for v in per_seed[m].dropna()]
+        lo, hi = bootstrap_ci(vals, confidence, resamples) if vals else (float("nan"), float("nan"))
+        mean = sum(vals) / len(vals) if vals else float("nan")
+        rows.append({"metric": m, "n_seeds": len(vals), "mean": mean, "ci_low": lo, "ci_high": hi,
+                     "excludes_zero": bool(vals) and (lo > 0 or hi < 0)})  # fmt: skip
+    return per_seed, pd.DataFrame(rows).set_index("metric")

@@ -1,0 +1,76 @@
+"""Seeds aggregated from real DVC experiments (a temporary repository with a one-line stage)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from orchestry.cli import app
+from orchestry.experiments import collect, seed_table
+
+DVC = shutil.which("dvc") or str(Path(sys.executable).with_name("dvc"))
+
+STAGE = (
+    "import yaml, json; s = yaml.safe_load(open('params.yaml'))['train_magrpo']['seed']; "
+    "json.dump({'methods': {'magrpo': {'reward': 1 + s / 10}, 'base': {'reward': 0.5}}}, open('m.json', 'w'))"
+)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    d = tmp_path_factory.mktemp("exps")
+
+    def run(*cmd):
+        subprocess.run(cmd, cwd=d, check=True, capture_output=True, text=True)
+
+    run("git", "init", "-q")
+    run("git", "config", "user.email", "t@example.com")
+    run("git", "config", "user.name", "t")
+    run(DVC, "init", "-q")
+    (d / "params.yaml").write_text("train_magrpo:\n  seed: 0\n")
+    (d / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: " + json.dumps(f'{sys.executable} -c "{STAGE}"') + "\n"
+        "    params: [train_magrpo.seed]\n    metrics: [m.json: {cache: false}]\n"
+    )
+    run("git", "add", "-A")
+    run("git", "commit", "-qm", "init")
+    for s in (1, 2, 3):
+        run(DVC, "exp", "run", "-q", "-S", f"train_magrpo.seed={s}")
+    return d
+
+
+def test_seed_table_from_real_experiments(repo):
+    df = collect(repo, DVC)
+    key = "metric:m.json:methods.magrpo.reward - metric:m.json:methods.base.reward"
+    per_seed, summary = seed_table(df, "param:params.yaml:train_magrpo.seed", [key], resamples=2000)
+    assert list(per_seed.index) == [1, 2, 3]
+    assert per_seed[key].round(6).tolist() == [0.6, 0.7, 0.8]
+    row = summary.loc[key]
+    assert row["n_seeds"] == 3 and row["mean"] == pytest.approx(0.7)
+    assert 0.6 - 1e-9 <= row["ci_low"] < 0.7 < row["ci_high"] <= 0.8 + 1e-9
+    assert bool(row["excludes_zero"])
+    with pytest.raises(KeyError, match="no metric column"):
+        seed_table(df, "param:params.yaml:train_magrpo.seed", ["metric:m.json:nope"])
+
+
+def test_cli_seeds_prints_the_table_and_fails_in_one_line(repo):
+    r = CliRunner().invoke(
+        app,
+        [
+            "seeds",
+            "--repo",
+            str(repo),
+            "--metric",
+            "m.json:methods.magrpo.reward - m.json:methods.base.reward",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert "0.700" in r.output and "yes" in r.output
+    bad = CliRunner().invoke(app, ["seeds", "--repo", str(repo), "--metric", "m.json:missing"])
+    assert bad.exit_code == 2 and "no metric column" in bad.output
