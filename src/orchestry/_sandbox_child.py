@@ -113,6 +113,7 @@ TEST_MODULES = (
     "typing",
 )
 _SIGNAMES = {int(s): s.name for s in signal.Signals}
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _EXIT_SETUP, _EXIT_CHANNEL = 70, 72  # exit codes of a program process that could not talk to the scorer
 _TIMEOUT = "timeout after"  # reason of a unit (or load) that ran out of time: f"{_TIMEOUT} {limit}s"
 # Programs up to this size (characters) are compiled by the scorer, which sends the program process the code
@@ -263,12 +264,27 @@ class _Decoder:
     a hash table (quadratic insertion) cannot hold the scorer past the unit's time. Raises ValueError for
     anything :func:`encode` does not produce or a value over the node budget."""
 
-    __slots__ = ("deadline", "left", "n")
+    __slots__ = ("deadline", "left", "n", "by_hash", "collisions")
+
+    #: distinct values sharing one hash that a reply may hold: a test that builds a set of a program's result
+    #: (``len(set(candidate(...)))``) does so in one C call the unit's timer cannot interrupt, so values built
+    #: to collide are refused here instead
+    MAX_COLLISIONS = 64
 
     def __init__(self, deadline: float, max_nodes: int) -> None:
         self.deadline = deadline
         self.left = max_nodes
         self.n = 0
+        self.by_hash: dict = {}
+        self.collisions = 0
+
+    def _check_hash(self, v) -> None:
+        h = hash(v)
+        first = self.by_hash.setdefault(h, v)
+        if first is not v and first != v:
+            self.collisions += 1
+            if self.collisions > self.MAX_COLLISIONS:
+                raise ValueError("values built to collide in a hash table")
 
     def _tick(self, clock: bool = False) -> None:
         self.left -= 1
@@ -281,7 +297,10 @@ class _Decoder:
     def decode(self, v):
         self._tick()
         t = type(v)
-        if t is str or t is int or t is float or t is bool or v is None:
+        if t is str or t is int or t is float:
+            self._check_hash(v)
+            return v
+        if t is bool or v is None:
             return v
         if t is list:
             return [self.decode(e) for e in v]
@@ -291,11 +310,17 @@ class _Decoder:
         if tag in ("i", "b", "y") and type(p) is str:
             if len(p) > 1 << 22:
                 raise ValueError("value too large")
-            return int(p, 16) if tag == "i" else bytes.fromhex(p) if tag == "b" else bytearray.fromhex(p)
+            x = int(p, 16) if tag == "i" else bytes.fromhex(p) if tag == "b" else bytearray.fromhex(p)
+            if tag != "y":
+                self._check_hash(x)
+            return x
         if type(p) is not list:
             raise ValueError("bad tagged value")
         if tag == "t":
-            return tuple(self.decode(e) for e in p)
+            tup = tuple(self.decode(e) for e in p)
+            if all(type(e) in (int, str, float, bytes, bool) or e is None for e in tup):
+                self._check_hash(tup)  # nested tuples are not checked (their hash costs their size each time)
+            return tup
         if tag == "d":
             out: dict = {}
             self.fill_dict(out, p)
@@ -421,7 +446,17 @@ def _make_audit_hook(tmpdir: str):
             "os.setgid",
         }
     )
-    blocked_imports = frozenset({"ctypes", "_ctypes", "_posixsubprocess", "cffi", "_cffi_backend"})
+    blocked_imports = frozenset(
+        {
+            "ctypes",
+            "_ctypes",
+            "_posixsubprocess",
+            "cffi",
+            "_cffi_backend",
+            "_xxsubinterpreters",
+            "_xxinterpchannels",
+        }
+    )  # a subinterpreter would run without this hook
     # event -> (positions of path arguments, positions of dir_fd arguments)
     writes = {
         "os.mkdir": ((0,), (2,)),
@@ -645,8 +680,11 @@ class _CleanServer:
     page it touches while a forked program process shares it is copied):
       C -> Z  b"I" + pid (int64) + tmpdir (UTF-8), with 2 fds (write to A, read from A): a ready program
               process. IDLE_AHEAD are sent at start, one more after each "finish".
-      Z -> C  pid (int64) + want_status (bool): SIGKILL pid's process group; if want_status, wait and reply
-              b"S" + wait status or -1 (int64) before the next idle announcement; otherwise reap it later.
+      Z -> C  pid (int64) + want_status (bool): SIGKILL pid's process group and remove its directory (when the
+              program left files there, or want_status, after waiting for it and killing whatever else of its
+              uid), then reply b"S" + wait status or -1 (int64). The scorer reads
+              the reply before it starts the next program (at once when it wants the status), so one job's
+              leftovers (e.g. a full /tmp) never meet the next job.
     C is a child subreaper: processes a program managed to start come back to C when the program dies; any
     such process is killed with kill(-1) issued as the job's own uid (every program process has a fresh uid).
     """
@@ -684,8 +722,10 @@ class _CleanServer:
                 return
             try:
                 pid, want_status = _CTRL_FINISH.unpack(msg)
-                st = self.finish(pid, want_status)
-                if want_status:
+                st = -1
+                try:
+                    st = self.finish(pid, want_status)  # the directory is gone when this returns
+                finally:
                     ctrl.send(b"S" + _CTRL_PID.pack(st))
                 self.fork_idle()
             except OSError:
@@ -724,7 +764,13 @@ class _CleanServer:
                 kill(target, signal.SIGKILL)
         self.killed.add(pid)
         if not wait:
-            return -1
+            try:  # the usual case: the program left nothing, so its (now removed) directory is clean at once
+                os.rmdir(self.jobs[pid][1])
+                return -1
+            except FileNotFoundError:
+                return -1
+            except OSError:
+                pass  # files left: wait for the program, then remove everything before answering
         try:
             _, st = os.waitpid(pid, 0)
         except ChildProcessError:
@@ -915,10 +961,24 @@ class _Program:
             self.stat_fd = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
         except OSError:
             self.stat_fd = -1
+        try:
+            self.cpu_fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        except OSError:
+            self.cpu_fd = -1
         self.status: int | None = None
 
     def run_delay(self) -> float:
         return _run_delay(self.stat_fd)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) of all the program process's threads so far (/proc/<pid>/stat)."""
+        if self.cpu_fd < 0:
+            return 0.0
+        try:
+            fields = os.pread(self.cpu_fd, 1024, 0).rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        except (OSError, ValueError, IndexError):
+            return 0.0
 
 
 def _run_delay(fd: int) -> float:
@@ -942,12 +1002,14 @@ class Scorer:
         )
         self.prog: _Program | None = None
         self.unit_clock: tuple[float, float, float] | None = None  # (t0, wait0, timeout)
+        self.unit_cpu0: float | None = None  # program CPU seconds when the unit's clock started
         self.wall_factor = float(cfg.get("wall_factor", 10.0))
         self.max_msg = int(cfg.get("max_message_bytes", 32 << 20))
         self.max_nodes = int(cfg.get("max_value_nodes", 1 << 20))
         self.compiled: dict[str, object] = {}
         self.inflight: deque = deque()  # planned calls sent ahead to A, replies pending, in order
         self.idle: deque = deque()  # program processes announced by C, not yet used: (pid, tmpdir, fds)
+        self.unacked = 0  # program processes handed back to C whose clean-up C has not confirmed yet
         self.rbuf = bytearray()
         self.in_unit = False
         signal.signal(signal.SIGALRM, self._on_alarm)
@@ -973,7 +1035,17 @@ class Scorer:
             return 0.0
         if wall < limit:
             return limit - wall
-        return limit - (wall - max(0.0, self._waits() - w0))
+        return limit - self._effective(wall, w0)
+
+    def _effective(self, wall: float, w0: float) -> float:
+        """Wall time minus time spent waiting for a CPU, but never less than the CPU time the program process
+        used in the unit (all its threads: a program cannot pass work off as "waiting" by keeping its main
+        thread runnable behind its own threads)."""
+        eff = wall - max(0.0, self._waits() - w0)
+        p = self.prog
+        if p is not None and self.unit_cpu0 is not None:
+            eff = max(eff, p.cpu_seconds() - self.unit_cpu0)
+        return max(0.0, eff)
 
     def _deadline(self) -> float:
         """``time.monotonic()`` value at which the current unit runs out of (effective) time."""
@@ -981,13 +1053,14 @@ class Scorer:
 
     def _start_clock(self, limit: float) -> None:
         self.unit_clock = (time.monotonic(), self._waits(), limit)
+        self.unit_cpu0 = None if self.prog is None else self.prog.cpu_seconds()
 
     def _effective_elapsed(self) -> float:
         t0, w0, _ = self.unit_clock
         wall = time.monotonic() - t0
-        if wall < 0.002:  # not worth two /proc reads
+        if wall < 0.002:  # not worth the /proc reads
             return wall
-        return max(0.0, wall - max(0.0, self._waits() - w0))
+        return self._effective(wall, w0)
 
     # ------------------------------------------------------------------ program process management
     def _ctrl_next(self, kind: bytes) -> tuple[int, bytes, list[int]]:
@@ -1021,6 +1094,7 @@ class Scorer:
     def _spawn(self, first: dict, calls: list, code: bytes = b"") -> None:
         """Take the program process C forked ahead and send it the job (program or its marshalled ``code``,
         CPU limit, planned calls)."""
+        self._drain_finished()
         pid, tmpdir, fds = self._ctrl_next(b"I")
         if len(fds) != 2:
             for fd in fds:
@@ -1043,7 +1117,7 @@ class Scorer:
         self.inflight.clear()
         self.rbuf.clear()
         self.in_unit = False  # no timer exception in the middle of the clean-up
-        for fd in (p.w, p.r, p.stat_fd):
+        for fd in (p.w, p.r, p.stat_fd, p.cpu_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -1051,12 +1125,22 @@ class Scorer:
             self.ctrl.send(_CTRL_FINISH.pack(p.pid, want_status))
         except OSError as e:
             raise SystemExit(f"clean fork server is gone: {e}") from e
+        self.unacked += 1
         if not want_status:
             return None
-        st, _, fds = self._ctrl_next(b"S")
-        for fd in fds:
-            os.close(fd)
+        st = self._drain_finished()
         return st if st >= 0 else None
+
+    def _drain_finished(self) -> int:
+        """Wait until C has finished (killed, reaped, cleaned up) every program process handed back to it;
+        returns the last one's wait status (-1 if unknown or none)."""
+        st = -1
+        while self.unacked:
+            st, _, fds = self._ctrl_next(b"S")
+            for fd in fds:
+                os.close(fd)
+            self.unacked -= 1
+        return st
 
     # ------------------------------------------------------------------ channel to A
     def _send(self, obj, raw: bytes = b"") -> None:
@@ -1171,7 +1255,9 @@ class Scorer:
                 err = _remote_exception(tname[:100], msg[:300])
             else:
                 raise ValueError("unknown reply")
-        except (ValueError, TypeError, IndexError, KeyError, RecursionError) as e:
+        except _UnitTimeout:
+            raise
+        except Exception as e:  # noqa: BLE001 - anything a forged reply provokes (OverflowError, MemoryError...)
             raise _ProgramGone(f"malformed reply from the program ({type(e).__name__})") from e
         raise err
 
@@ -1199,6 +1285,7 @@ class Scorer:
         self._start_clock(timeout)
         try:
             self._spawn(first, calls, code or b"")
+            self.unit_cpu0 = self.prog.cpu_seconds()
             reply = self._recv()
         except _UnitTimeout:
             self.kill_program()
@@ -1213,14 +1300,19 @@ class Scorer:
             info = reply["loaded"]
             dec = _Decoder(self._deadline(), self.max_nodes)
             base: dict = {}
+            if len(info["f"]) + len(info["m"]) + len(info["v"]) > _MAX_GLOBALS:
+                raise ValueError("too many globals")
             for name in info["f"]:
+                dec._tick(True)
                 if _bindable(name):
                     base[name] = _Remote(name, self)
             for name, modname in info["m"]:
+                dec._tick(True)
                 mod = _test_module(modname)
                 if mod is not None and _bindable(name):
                     base[name] = mod
             for name, e in info["v"]:
+                dec._tick(True)
                 if _bindable(name):
                     base[name] = dec.decode(e)
             # the scorer's own builtins and module name, whatever the report said
@@ -1229,7 +1321,7 @@ class Scorer:
         except _UnitTimeout:
             self.kill_program()
             return None, f"{_TIMEOUT} {timeout}s (decoding the program's globals)"
-        except (KeyError, TypeError, ValueError, RecursionError, MemoryError):
+        except Exception:  # noqa: BLE001 - anything a forged report provokes (OverflowError, MemoryError...)
             self.kill_program()
             return None, "program sent a malformed load report"
         return base, ""
@@ -1487,6 +1579,7 @@ def _apply_mutation(arg, after, dec: _Decoder) -> None:
 
 
 _TEST_MODULE_OBJECTS: dict[str, object] = {}
+_MAX_GLOBALS = 10_000  # names in a load report
 
 
 def _import_test_modules() -> None:
@@ -1582,15 +1675,19 @@ def _prctl(option: int, arg: int = 1) -> bool:
 SCORER_UID = 999_999
 # System calls refused (EPERM) to the scorer, the fork server and every program process, by a seccomp filter
 # the scorer installs on itself before forking (inherited, cannot be removed): anonymous memory files
-# (``memfd_create`` buffers are not counted by RLIMIT_AS), device/fifo nodes (``mknod`` leaves files the audit
-# hook cannot see), tracing and reading other processes, mounting and namespaces, keyrings, BPF, io_uring,
-# userfaultfd. ``clone3`` answers ENOSYS (the C library then uses ``clone``, whose namespace flags are refused).
+# (``memfd_create`` buffers are not counted by RLIMIT_AS) and System V shared memory, semaphores and message
+# queues (they outlive the process), ``socket`` (no network and no host services even if a program disables
+# the audit hook; the scorer's own channels are socketpairs and pipes), device/fifo nodes (``mknod`` leaves
+# files the audit hook cannot see), tracing and reading other processes, mounting and namespaces, keyrings,
+# BPF, io_uring, userfaultfd. ``clone3`` answers ENOSYS (the C library then uses ``clone``, whose namespace flags are refused).
 _SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _SECCOMP_DENY = {
-    "x86_64": (101, 133, 155, 161, 165, 166, 175, 246, 248, 249, 250, 259, 272, 298, 303, 304, 308, 310, 311,
-               313, 319, 320, 321, 323, 425, 426, 427, 428, 429, 430, 431, 432, 433, 438, 447),
-    "aarch64": (33, 39, 40, 41, 51, 97, 104, 105, 117, 217, 218, 219, 241, 264, 265, 268, 270, 271, 273, 279,
-                280, 282, 294, 425, 426, 427, 428, 429, 430, 431, 432, 433, 438, 447),
+    "x86_64": (29, 30, 31, 41, 64, 68, 101, 133, 155, 161, 165, 166, 175, 246, 248, 249, 250, 259, 272, 298,
+               303, 304, 308, 310, 311, 313, 319, 320, 321, 323, 425, 426, 427, 428, 429, 430, 431, 432, 433,
+               438, 447),
+    "aarch64": (33, 39, 40, 41, 51, 97, 104, 105, 117, 186, 190, 194, 195, 196, 198, 217, 218, 219, 241, 264,
+                265, 268, 270, 271, 273, 279, 280, 282, 294, 425, 426, 427, 428, 429, 430, 431, 432, 433, 438,
+                447),
 }  # fmt: skip
 _SECCOMP_CLONE = {"x86_64": (56, 435), "aarch64": (220, 435)}
 _CLONE_NS_FLAGS = 0x7E020080  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
@@ -1662,11 +1759,13 @@ def _drop_ctypes() -> None:
         del sys.modules[mod]
 
 
-def _private_mounts(hidden: list[str]) -> str:
+def _private_mounts(hidden: list[str], tmp_root: str) -> str:
     """Process isolation as root (no bubblewrap): a private mount namespace for the scorer, its fork server
     and every program process, in which ``hidden`` directories (reference solutions shipped with packages) are
-    covered by empty read-only tmpfs mounts and /proc is a new procfs with ``hidepid=2`` (a program sees only
-    its own processes: not the command lines naming the problems file). Returns "" or why not."""
+    covered by empty read-only tmpfs mounts, world-writable directories (/dev/shm, /tmp, /var/tmp, /run/lock)
+    by private 512 MiB tmpfs mounts (``tmp_root``, the jobs' directory, is made again inside), and /proc is a
+    new procfs with ``hidepid=2`` (a program sees only its own processes: not the command lines naming the
+    problems file). Returns "" or why not."""
     try:
         import ctypes
 
@@ -1686,6 +1785,17 @@ def _private_mounts(hidden: list[str]) -> str:
         for h in hidden:
             if libc.mount(b"tmpfs", h.encode(), b"tmpfs", 0x1 | 0x2 | 0x4 | 0x8, b"size=4k,mode=0555") != 0:
                 notes.append(f"cannot hide {h} (errno {ctypes.get_errno()})")
+        # world-writable directories get a fresh, size-limited tmpfs (files a program leaves there vanish with
+        # the worker, and cannot fill the host's RAM-backed /dev/shm), unless the interpreter lives there
+        prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.executable)}
+        for d in ("/dev/shm", "/tmp", "/var/tmp", "/run/lock"):
+            if not os.path.isdir(d) or any(p == d or p.startswith(d + "/") for p in prefixes):
+                continue
+            if libc.mount(b"tmpfs", d.encode(), b"tmpfs", 0x2 | 0x4, b"size=512m,mode=1777") != 0:
+                notes.append(f"cannot mount a private {d} (errno {ctypes.get_errno()})")
+            elif tmp_root == d or tmp_root.startswith(d + "/"):
+                os.makedirs(tmp_root, mode=0o711, exist_ok=True)
+                os.chmod(tmp_root, 0o711)
         opts = f"hidepid=2,gid={SCORER_UID}".encode()
         if libc.mount(b"proc", b"/proc", b"proc", 0x2 | 0x4 | 0x8, opts) != 0:  # nosuid,nodev,noexec
             notes.append(f"cannot mount /proc with hidepid (errno {ctypes.get_errno()})")
@@ -1729,7 +1839,7 @@ def main() -> None:
     _prctl(38)  # PR_SET_NO_NEW_PRIVS, inherited by C and every A: no setuid binary can regain privileges
     notes = []
     if cfg.get("root") and cfg.get("private_mounts"):
-        notes.append(_private_mounts(list(cfg.get("hidden", ()))))
+        notes.append(_private_mounts(list(cfg.get("hidden", ())), str(cfg.get("tmp_root", ""))))
     notes.append(_install_seccomp())
     ctrl_z, ctrl_c = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     c_pid = os.fork()
