@@ -1,0 +1,86 @@
+"""Stage `train_orchestrator`: a learned orchestrator (Puppeteer, arXiv 2505.19591) picks which agent acts next.
+
+Reads ``params.yaml`` (sections ``train_orchestrator``, ``sampling``, ``model``, ``sandbox``, ``intervals``),
+checks the backend (key, price, server) before any work, runs
+:func:`orchestry.training.orchestrator.run_orchestrator` (REINFORCE on train problems, then the learned policy
+against fixed pipelines on test problems) and logs per-episode and per-update metrics, the summary and the
+outputs to MLflow. Outputs: ``models/orchestrator/`` (policy weights) and ``reports/orchestrator/``.
+"""
+
+import json
+import re
+import sys
+import time
+
+import mlflow
+
+from orchestry.llm.backends import BackendConfigError
+from orchestry.llm.cost import PriceError
+from orchestry.problems import read_jsonl
+from orchestry.runtime import open_sandbox, start_stage
+from orchestry.tracking import log_metrics, stage_run
+from orchestry.training.orchestrator import open_clients, run_orchestrator
+
+OUT = "reports/orchestrator"
+POLICY = "models/orchestrator"
+
+
+def _flat_numbers(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat_numbers(v, f"{prefix}{k}/"))
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _log(metrics: dict, step: int | None = None) -> None:
+    """``log_metrics`` with names MLflow accepts (agent and pipeline names may hold other characters)."""
+    log_metrics({re.sub(r"[^A-Za-z0-9_\-./: ]", "_", k): v for k, v in metrics.items()}, step)
+
+
+def main() -> None:
+    t0 = time.time()
+    params = start_stage("train_orchestrator")
+    cfg = params.train_orchestrator
+    train = read_jsonl("data/problems/train.jsonl")
+    test = read_jsonl("data/problems/test.jsonl")
+    try:  # key, price and server are checked here, before the MLflow run, the model or the sandbox
+        clients = open_clients(cfg, params.sampling, params.model.path, params.model.dtype)
+    except (BackendConfigError, PriceError) as e:
+        sys.exit(f"error: {e}")
+    logged = {**cfg.model_dump(), "sampling": params.sampling.model_dump()}
+    with stage_run("train_orchestrator", logged, params.mlflow.experiment):
+        summary = run_orchestrator(
+            cfg,
+            params.sampling,
+            train,
+            test,
+            lambda: open_sandbox(params),
+            OUT,
+            POLICY,
+            on_metrics=_log,
+            clients=clients,
+            confidence=params.intervals.confidence,
+            n_boot=params.intervals.resamples,
+        )
+        flat = _flat_numbers({k: summary[k] for k in ("train", "eval", "learned", "cost", "cache")})
+        _log({f"summary/{k}": v for k, v in flat.items() if "transitions" not in k and "sequences" not in k})
+        mlflow.set_tags(
+            {"eval_status": summary["eval"]["status"], "budget_status": summary["cost"]["budget_status"]}
+        )
+        mlflow.log_artifacts(OUT, "orchestrator")
+        mlflow.log_artifacts(POLICY, "policy")
+    methods = summary["eval"]["methods"]
+    brief = {
+        m: {k: round(s[k]["mean"], 3) for k in ("reward", "tokens", "objective")} for m, s in methods.items()
+    }
+    brief["learned_agent_share"] = {k: round(v, 3) for k, v in summary["learned"]["agent_share"].items()}
+    brief["learned_cycle_share"] = summary["learned"]["cycle_share"]
+    brief["seconds"] = round(time.time() - t0, 1)
+    print(json.dumps(brief))
+
+
+if __name__ == "__main__":
+    main()
