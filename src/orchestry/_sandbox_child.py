@@ -1785,13 +1785,14 @@ def _private_mounts(hidden: list[str], tmp_root: str) -> str:
         for h in hidden:
             if libc.mount(b"tmpfs", h.encode(), b"tmpfs", 0x1 | 0x2 | 0x4 | 0x8, b"size=4k,mode=0555") != 0:
                 notes.append(f"cannot hide {h} (errno {ctypes.get_errno()})")
-        # world-writable directories get a fresh, size-limited tmpfs (files a program leaves there vanish with
-        # the worker, and cannot fill the host's RAM-backed /dev/shm), unless the interpreter lives there
+        # world-writable directories get a fresh, size-limited tmpfs that only root may write (mode 0711: a
+        # program writes only in its own job directory, so no file reaches the host or a later program, and the
+        # host's RAM-backed /dev/shm cannot be filled), unless the interpreter lives there
         prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.executable)}
         for d in ("/dev/shm", "/tmp", "/var/tmp", "/run/lock"):
             if not os.path.isdir(d) or any(p == d or p.startswith(d + "/") for p in prefixes):
                 continue
-            if libc.mount(b"tmpfs", d.encode(), b"tmpfs", 0x2 | 0x4, b"size=512m,mode=1777") != 0:
+            if libc.mount(b"tmpfs", d.encode(), b"tmpfs", 0x2 | 0x4, b"size=512m,mode=0711") != 0:
                 notes.append(f"cannot mount a private {d} (errno {ctypes.get_errno()})")
             elif tmp_root == d or tmp_root.startswith(d + "/"):
                 os.makedirs(tmp_root, mode=0o711, exist_ok=True)
