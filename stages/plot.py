@@ -13,6 +13,7 @@ from orchestry.plots import (
     plot_schemes,
 )
 from orchestry.plots_api_grpo import plot_api_grpo
+from orchestry.plots_orchestrator import plot_orchestrator
 from orchestry.runtime import start_stage
 from orchestry.tracking import stage_run
 
@@ -33,6 +34,7 @@ def main() -> None:
         mlflow.log_dict({"first_step": first}, "schemes_first_step.json")
         plot_schemes(json.loads(Path("reports/schemes.json").read_text()), OUT / "schemes.png", cfg.dpi)
         plot_api_grpo(Path("reports/api_grpo"), OUT / "api_grpo.png", cfg.dpi)
+        plot_orchestrator(Path("reports/orchestrator"), OUT, cfg.dpi)
         mlflow.log_artifacts(str(OUT), "figures")
         print("figures:", ", ".join(sorted(p.name for p in OUT.glob("*.png"))))
 
