@@ -22,6 +22,8 @@ MICRO = {
     "train_magrpo": {"num_steps": 2, "problems_per_step": 1, "num_generations": 2, "max_problems": 2,
                      "checkpoint_every": 1},
     "evaluate": {"max_problems": 2, "num_samples": 2},
+    "train_orchestrator": {"num_episodes": 2, "episodes_per_update": 2, "max_problems": 1, "max_problems_eval": 1,
+                           "max_tokens": 24, "min_steps": 1, "max_steps": 2},
 }  # fmt: skip
 
 
@@ -83,6 +85,9 @@ def test_dvc_repro_micro_pipeline(tmp_path):
         "reports/figures/api_grpo.png",
         "reports/api_grpo/episodes.jsonl",
         "reports/api_grpo/learned_behaviors.json",
+        "reports/orchestrator/summary.json",
+        "models/orchestrator/policy.pt",
+        "reports/figures/orchestrator_pareto.png",
     ]:
         assert (repo / out).exists(), f"missing output {out}"
     prep = json.loads((repo / "reports/prepare.json").read_text())
