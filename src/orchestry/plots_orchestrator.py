@@ -67,8 +67,11 @@ def plot_orchestrator(reports_dir: str | Path, out_dir: str | Path, dpi: int = 1
     for m, st in methods.items():
         c, r = st["cost"]["mean"], st["reward"]["mean"]
         pts.append((c, r, m))
-        ax.errorbar(c, r, xerr=_err(st["cost"]), yerr=_err(st["reward"]), fmt="o", ms=9, capsize=4,
-                    color=COLORS.get(m, "#333333"), label=f"{m} (n={st['reward']['n']}, {st['length']:.1f} agents)")  # fmt: skip
+        learned = m == "learned"  # drawn on top as a star: it may sit on a pipeline's point
+        ax.errorbar(c, r, xerr=_err(st["cost"]), yerr=_err(st["reward"]), fmt="*" if learned else "o",
+                    ms=16 if learned else 9, capsize=4, zorder=5 if learned else 3, mfc="none" if learned else None,
+                    mew=2 if learned else 1, color=COLORS.get(m, "#333333"),
+                    label=f"{m} (n={st['reward']['n']}, {st['length']:.1f} agents)")  # fmt: skip
     front = sorted((p for p in pts if p[2] in _pareto(pts)), key=lambda p: p[0])
     if len(front) > 1:
         ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=1, label="Pareto front")
