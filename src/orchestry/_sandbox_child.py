@@ -114,6 +114,7 @@ TEST_MODULES = (
 )
 _SIGNAMES = {int(s): s.name for s in signal.Signals}
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_CPU_READ_AFTER = 0.002  # seconds into a unit after which the program's CPU time is read (see _read_exact)
 _EXIT_SETUP, _EXIT_CHANNEL = 70, 72  # exit codes of a program process that could not talk to the scorer
 _TIMEOUT = "timeout after"  # reason of a unit (or load) that ran out of time: f"{_TIMEOUT} {limit}s"
 # Programs up to this size (characters) are compiled by the scorer, which sends the program process the code
@@ -1069,7 +1070,7 @@ class Scorer:
 
     def _start_clock(self, limit: float) -> None:
         self.unit_clock = (time.monotonic(), self._waits(), limit)
-        self.unit_cpu0 = None if self.prog is None else self.prog.cpu_seconds()
+        self.unit_cpu0 = None  # read lazily in _read_exact
 
     def _effective_elapsed(self) -> float:
         t0, w0, _ = self.unit_clock
@@ -1190,6 +1191,14 @@ class Scorer:
                 rem = self._remaining()
                 if rem <= 0:
                     raise _UnitTimeout() from None
+                if self.unit_cpu0 is None and self.unit_clock is not None:
+                    # the program's CPU time is read once the unit has waited _CPU_READ_AFTER for it, not at
+                    # every unit's start (most units end well before; the floor misses at most that much)
+                    due = self.unit_clock[0] + _CPU_READ_AFTER - time.monotonic()
+                    ready = due > 0 and select.select([p.r], [], [], min(rem, due))[0]
+                    if not ready:
+                        self.unit_cpu0 = p.cpu_seconds()
+                    continue
                 select.select([p.r], [], [], rem)
                 continue
             except OSError as e:
@@ -1302,7 +1311,6 @@ class Scorer:
         self._start_clock(timeout)
         try:
             self._spawn(first, calls, code or b"")
-            self.unit_cpu0 = self.prog.cpu_seconds()
             reply = self._recv()
         except _UnitTimeout:
             self.kill_program()
