@@ -321,6 +321,10 @@ def test_whole_run_with_a_fake_backend_reuses_answers_by_agent_and_prompt(tmp_pa
     # helper, main, tester, fixer, tester: stops once the tester sees every assert pass (the tester acted twice)
     assert loop["length"] == 5 and loop["cycle_share"] == 1.0
     assert ev["methods"]["helper_main"]["success_rate"]["mean"] == 0.0
+    diff = ev["learned_minus"]["helper_main"]["reward"]["mean"]  # paired over problems
+    assert diff == pytest.approx(
+        ev["methods"]["learned"]["reward"]["mean"] - ev["methods"]["helper_main"]["reward"]["mean"]
+    )
     hm = ev["methods"]["helper_main"]
     assert (
         hm["tokens"]["mean"] > 0 and hm["tokens"]["ci_low"] <= hm["tokens"]["mean"] <= hm["tokens"]["ci_high"]

@@ -487,14 +487,15 @@ def method_summary(
     episodes: Sequence[Episode], names: Sequence[str], confidence: float, n_boot: int, seed: int
 ) -> dict:
     """Reward, cost (cost unit and tokens), objective and success with CIs over problems; length, agent shares,
-    cycle share. One episode per problem, so the bootstrap resamples problems."""
+    cycle share. One episode per problem, so the bootstrap resamples problems (the same resamples for every
+    quantity: one seed)."""
     return {
         "reward": mean_ci([e.reward.get("total", 0.0) for e in episodes], confidence, n_boot, seed),
         "task_reward": mean_ci([e.task_reward for e in episodes], confidence, n_boot, seed),
-        "cost": mean_ci([e.state.cost for e in episodes], confidence, n_boot, seed + 1),
-        "tokens": mean_ci([float(e.tokens) for e in episodes], confidence, n_boot, seed + 1),
-        "objective": mean_ci([sum(e.rewards) for e in episodes], confidence, n_boot, seed + 2),
-        "success_rate": mean_ci([float(e.success) for e in episodes], confidence, n_boot, seed + 3),
+        "cost": mean_ci([e.state.cost for e in episodes], confidence, n_boot, seed),
+        "tokens": mean_ci([float(e.tokens) for e in episodes], confidence, n_boot, seed),
+        "objective": mean_ci([sum(e.rewards) for e in episodes], confidence, n_boot, seed),
+        "success_rate": mean_ci([float(e.success) for e in episodes], confidence, n_boot, seed),
         "length": sum(len(e.agents) for e in episodes) / max(1, len(episodes)),
         "usd": sum(e.usd for e in episodes),
         "agent_share": agent_shares(episodes, names),
@@ -662,10 +663,23 @@ class OrchestratorRun:
         tr = self.train_episodes
         q = max(1, len(tr) // 4)
         ev: dict = {"status": self.eval_status, "problems": len(self.test_problems), "methods": {}}
-        for i, m in enumerate(self.methods()):
+        for m in self.methods():
             eps = [e for e in self.eval_episodes if e.method == m]
-            ev["methods"][m] = method_summary(eps, names, self.confidence, self.n_boot, cfg.seed + 10 * i)
+            ev["methods"][m] = method_summary(eps, names, self.confidence, self.n_boot, cfg.seed)
         learned_eval = [e for e in self.eval_episodes if e.method == "learned"]
+        ev["learned_minus"] = {  # paired over problems: learned - pipeline, per problem
+            m: {
+                key: mean_ci(
+                    [f(x) - f(y) for x, y in zip(learned_eval, [e for e in self.eval_episodes if e.method == m],
+                                                 strict=True)],
+                    self.confidence, self.n_boot, cfg.seed,
+                )
+                for key, f in (("reward", lambda e: e.reward.get("total", 0.0)), ("cost", lambda e: e.state.cost),
+                               ("objective", lambda e: sum(e.rewards)))
+            }
+            for m in self.methods()
+            if m != "learned"
+        }  # fmt: skip
         last = tr[-q:] if tr else []
         total = self.c.tracker.total.to_dict()
         return {
