@@ -63,7 +63,7 @@ def _seconds(value: str | float) -> float:
 app = typer.Typer(
     name="orchestry",
     cls=_OneLineErrors,
-    help="Multi-agent RL for collaborating LLM agents (MAGRPO, API-GRPO); the pipeline runs with `dvc repro`.",
+    help="Multi-agent RL for collaborating LLM agents (MAGRPO, API-GRPO, a learned orchestrator); the pipeline runs with `dvc repro`.",
     no_args_is_help=True,
     add_completion=False,
 )
