@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import shutil
 import socket
+import sys
 import threading
 import time
 import uuid
