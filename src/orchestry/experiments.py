@@ -16,17 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from orchestry.metrics import bootstrap_ci
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
+from orchestry.tracking import _flatten
 
 
 def _runs(nodes: list) -> Iterator[dict]:
