@@ -74,3 +74,32 @@ def test_cli_seeds_prints_the_table_and_fails_in_one_line(repo):
     assert "0.700" in r.output and "yes" in r.output
     bad = CliRunner().invoke(app, ["seeds", "--repo", str(repo), "--metric", "m.json:missing"])
     assert bad.exit_code == 2 and "no metric column" in bad.output
+
+
+def test_committed_presets_apply_cleanly_to_params():
+    """Every committed preset names real keys with valid values (else `dvc exp run -S` would fail late)."""
+    from orchestry.experiments import preset_overrides
+
+    presets = sorted(Path("configs/experiments").glob("*.yaml"))
+    assert presets, "no experiment presets committed"
+    for p in presets:
+        overrides = preset_overrides(p)
+        assert overrides and all("=" in o for o in overrides)
+    assert "sampling.max_completion_length=192" in preset_overrides("configs/experiments/long.yaml")
+
+
+def test_preset_with_a_misspelt_key_or_bad_value_fails_before_queueing(tmp_path):
+    from orchestry.config import ParamsError
+    from orchestry.experiments import preset_overrides
+
+    bad_key = tmp_path / "k.yaml"
+    bad_key.write_text("train_magrpo.num_stepz: 3\n")
+    with pytest.raises(ParamsError, match="num_stepz"):
+        preset_overrides(bad_key)
+    bad_value = tmp_path / "v.yaml"
+    bad_value.write_text("train_magrpo.num_steps: -3\n")
+    with pytest.raises(ParamsError, match="num_steps"):
+        preset_overrides(bad_value)
+    lists = tmp_path / "l.yaml"
+    lists.write_text("baselines.methods: [single, concat]\n")
+    assert preset_overrides(lists) == ["baselines.methods=[single, concat]"]

@@ -103,3 +103,53 @@ def seed_table(
         rows.append({"metric": m, "n_seeds": len(vals), "mean": mean, "ci_low": lo, "ci_high": hi,
                      "excludes_zero": bool(vals) and (lo > 0 or hi < 0)})  # fmt: skip
     return per_seed, pd.DataFrame(rows).set_index("metric")
+
+
+def preset_overrides(preset: str | Path, params: str | Path = "params.yaml") -> list[str]:
+    """The ``key=value`` overrides of an experiment preset, for ``dvc exp run -S``.
+
+    A preset (``configs/experiments/*.yaml``) maps dotted params keys to values. The overrides are checked
+    against the params schema first (applied to ``params`` in memory), so a misspelt key or a bad value fails
+    here with the params error, before any experiment is queued.
+
+    Raises:
+        orchestry.config.ParamsError: the preset is not a mapping, or the patched params are invalid.
+    """
+    import copy
+
+    import yaml
+
+    from orchestry.config import ParamsError, _UniqueKeyLoader, parse_params
+
+    text = Path(preset).read_text()
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{preset}: {e}") from e
+    if not isinstance(data, dict) or not data:
+        raise ParamsError(f"{preset}: expected a mapping of dotted params keys to values")
+    base = yaml.safe_load(Path(params).read_text()) or {}
+    patched = copy.deepcopy(base)
+    for key, value in data.items():
+        node = patched
+        *parents, leaf = str(key).split(".")
+        for p in parents:
+            if not isinstance(node.get(p), dict):
+                raise ParamsError(f"{preset}: {key}: no section {p!r} in {params}")
+            node = node[p]
+        if leaf not in node:
+            raise ParamsError(f"{preset}: {key}: no such key in {params}")
+        node[leaf] = value
+    parse_params(patched, source=f"{params} + {preset}")
+    return [
+        f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+        for k, v in data.items()
+    ]
+
+
+if __name__ == "__main__":  # python -m orchestry.experiments overrides PRESET: the -S arguments of a preset
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "overrides":
+        sys.exit("usage: python -m orchestry.experiments overrides configs/experiments/NAME.yaml")
+    print(" ".join(f"-S {o}" for o in preset_overrides(sys.argv[2])))
