@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -103,3 +104,20 @@ def test_preset_with_a_misspelt_key_or_bad_value_fails_before_queueing(tmp_path)
     lists = tmp_path / "l.yaml"
     lists.write_text("baselines.methods: [single, concat]\n")
     assert preset_overrides(lists) == ["baselines.methods=[single, concat]"]
+
+
+def test_seed_table_ignores_old_commits_without_the_metrics():
+    """An old commit with the same seed but no metrics must not hide the workspace's values for that seed."""
+    seed, m = "param:params.yaml:train_magrpo.seed", "metric:m.json:r"
+    df = pd.DataFrame(
+        [
+            {"name": "workspace", seed: 0, m: 0.5},
+            {"name": "HEAD", seed: 0, m: 0.5},
+            {"name": "seed1", seed: 1, m: 0.7},
+            {"name": "old", seed: 0, m: None},
+            {"name": "older", seed: 2},
+        ]
+    )
+    per_seed, summary = seed_table(df, seed, [m], resamples=200)
+    assert per_seed[m].to_dict() == {0: 0.5, 1: 0.7}
+    assert summary.loc[m, "n_seeds"] == 2

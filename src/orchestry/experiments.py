@@ -69,8 +69,9 @@ def seed_table(
     """Per-seed values of ``metrics`` (column names of ``df``; ``A - B`` means the difference of two columns)
     and their mean over seeds with a bootstrap interval over seeds.
 
-    Experiments with the same seed (e.g. the workspace and the experiment it came from) count once: the last
-    row per seed. Rows lacking a metric are dropped for that metric.
+    Experiments with the same seed (e.g. the workspace and the commit or experiment it came from) count once:
+    the first row per seed in ``df``'s order (workspace, then newest commits with their experiments) that has
+    any of the metrics. Rows lacking a metric are dropped for that metric.
 
     Returns:
         (per_seed, summary): ``per_seed`` indexed by seed with one column per metric; ``summary`` with rows
@@ -83,18 +84,20 @@ def seed_table(
         raise KeyError(
             f"no column {seed_param!r}; params columns: {[c for c in df.columns if c.startswith('param:')]}"
         )
-    per_seed = pd.DataFrame(index=sorted(df[seed_param].dropna().unique()))
-    per_seed.index.name = seed_param
-    last = df.dropna(subset=[seed_param]).groupby(seed_param).tail(1).set_index(seed_param)
+    values = pd.DataFrame(index=df.index)
     for m in metrics:
-        if m in last.columns:
-            per_seed[m] = last[m]
-        elif " - " in m and all(p in last.columns for p in m.split(" - ", 1)):
+        if m in df.columns:
+            values[m] = pd.to_numeric(df[m], errors="coerce")
+        elif " - " in m and all(p in df.columns for p in m.split(" - ", 1)):
             a, b = m.split(" - ", 1)
-            per_seed[m] = last[a] - last[b]
+            values[m] = pd.to_numeric(df[a], errors="coerce") - pd.to_numeric(df[b], errors="coerce")
         else:
             raise KeyError(f"no metric column {m!r}")
-    per_seed = per_seed.dropna(how="all")  # e.g. the baseline commit, whose metrics were never computed
+    values[seed_param] = df[seed_param]
+    # Rows without any of the metrics (e.g. an old commit whose reports predate them) never stand for a seed;
+    # of the rest, the first per seed wins: the workspace, then the newest commit and its experiments.
+    values = values.dropna(subset=[seed_param]).dropna(subset=list(metrics), how="all")
+    per_seed = values.groupby(seed_param, sort=True).head(1).set_index(seed_param).sort_index()
     rows = []
     for m in metrics:
         vals = [float(v) for v in per_seed[m].dropna()]
