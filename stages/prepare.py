@@ -4,9 +4,8 @@ import sys
 import time
 from pathlib import Path
 
-from orchestry.problems import ProblemFormatError, load_problems, split_problems
+from orchestry.problems import ProblemFormatError, check_canonical_solutions, load_problems, split_problems
 from orchestry.runtime import open_sandbox, start_stage, write_json, write_jsonl
-from orchestry.sandbox import Job
 from orchestry.tracking import log_metrics, stage_run
 
 
@@ -23,33 +22,21 @@ def main() -> None:
             write_jsonl(f"data/problems/{name}.jsonl", (p.to_dict() for p in items))
         write_jsonl("data/problems/all.jsonl", (p.to_dict() for p in problems))
         t0 = time.time()
-        with_solution = [p for p in problems if p.canonical_solution]
-        jobs = [
-            Job(
-                program=p.context + "\n" + p.prompt + p.canonical_solution,
-                asserts=p.asserts,
-                setup=p.test_setup,
-            )
-            for p in with_solution
-        ]
         with open_sandbox(params) as sb:
-            results = sb.run_batch(jobs)
+            checked, failed = check_canonical_solutions(problems, sb)
             layer = sb.isolation_layer
-        failed = [p.task_id for p, r in zip(with_solution, results, strict=True) if r.passed != r.total]
         sandbox_s = time.time() - t0
         report = {
             "problems": len(problems),
             "asserts": sum(len(p.asserts) for p in problems),
             "split_sizes": {k: len(v) for k, v in splits.items()},
-            "canonical_checked": len(jobs),
-            "canonical_passed": len(jobs) - len(failed),
+            "canonical_checked": checked,
+            "canonical_passed": checked - len(failed),
             "canonical_failed": failed,
             "canonical_seconds": round(sandbox_s, 2),
             "sandbox_isolation": layer,
         }
-        print(
-            f"canonical solutions: {report['canonical_passed']}/{len(jobs)} pass ({layer}, {sandbox_s:.1f}s)"
-        )
+        print(f"canonical solutions: {report['canonical_passed']}/{checked} pass ({layer}, {sandbox_s:.1f}s)")
         if failed:
             print(f"  failing: {failed[:10]}")
         from orchestry.llm.local import convert_embedded_model

@@ -411,3 +411,41 @@ def test_plot_from_a_fake_run(tmp_path, key) -> None:
         _run(_cfg(srv, tmp_path, num_episodes=2), tmp_path / "out")
     plot_api_grpo(tmp_path / "out", tmp_path / "figures" / "api_grpo.png")
     assert (tmp_path / "figures" / "api_grpo.png").stat().st_size > 10_000
+
+
+def test_judge_agreement_is_logged_and_progress_shown(tmp_path, key, monkeypatch, capsys) -> None:
+    """A judge that scores the good transcripts high and the bad ones low agrees with the executable reward:
+    Spearman and weighted kappa > 0, logged per block and in summary.json; the bars are drawn when forced on."""
+    monkeypatch.setenv("ORCHESTRY_PROGRESS", "1")
+    base = _collab_reply()
+
+    def reply(body: dict) -> str:
+        user = body["messages"][-1]["content"]
+        if "Score the transcript" in user:  # the bad main answer ends with this sentence
+            q = 1 if "returns the input unchanged" in user else 9
+            return f"QUALITY: {q}\nCOLLABORATION: {q}\nEFFICIENCY: {q}"
+        return base(body)
+
+    srv = FakeAnthropic(reply=reply)
+    metrics = []
+    with srv.running():
+        cfg = _cfg(srv, tmp_path, judge={"enabled": True, "extract_behaviors": False}, max_problems_eval=1)
+        summary = _run(cfg, tmp_path / "out", on_metrics=lambda m, step: metrics.append((step, m)))
+    agree = summary["judge"]["agreement"]
+    assert (
+        agree["pairs"] == 16 and agree["spearman"] > 0.5 and agree["kappa"] > 0.5
+    )  # 4 episodes x 4 trajectories
+    logged = [(s, m) for s, m in metrics if "judge/kappa" in m]
+    assert [s for s, _ in logged] == [2, 4] and logged[-1][1]["judge/kappa"] == pytest.approx(agree["kappa"])
+    saved = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert saved["judge"]["agreement"] == agree
+    err = capsys.readouterr().err
+    assert "api_grpo: train" in err and "4/4" in err and "best=" in err and "reward=" in err
+    assert "api_grpo: eval 2 episodes" in err and "2/2" in err  # 1 problem x (with, without); 2 turns
+
+
+def test_without_judge_the_summary_has_no_agreement(tmp_path, key) -> None:
+    srv = FakeAnthropic(reply=_collab_reply())
+    with srv.running():
+        summary = _run(_cfg(srv, tmp_path, num_episodes=2, max_problems_eval=1), tmp_path / "out")
+    assert summary["judge"] == {"enabled": False, "calls": 0, "neutral_fallbacks": 0}

@@ -386,3 +386,24 @@ def test_embedded_model_and_real_encoder_on_one_problem(tmp_path) -> None:
     learned = summary["eval"]["methods"]["learned"]
     assert 1 <= learned["length"] <= 2 and learned["tokens"]["mean"] > 0
     assert (tmp_path / "policy" / "policy.pt").exists()
+
+
+def test_progress_bars_for_training_and_evaluation(tmp_path, monkeypatch, capsys) -> None:
+    """ORCHESTRY_PROGRESS=1: a training bar (live mean reward per update) and an evaluation bar (episodes done)."""
+    from orchestry.llm.cache import CachedChat, ResponseCache
+    from orchestry.llm.cost import CostTracker
+    from orchestry.training.orchestrator import Clients
+
+    monkeypatch.setenv("ORCHESTRY_PROGRESS", "1")
+    cfg = TrainOrchestratorParams(num_episodes=4, episodes_per_update=2, max_problems=2, max_problems_eval=2)
+    tracker = CostTracker(budget_usd=cfg.budget_usd)
+    cache = ResponseCache(tmp_path / "cache.sqlite")
+    clients = Clients(CachedChat(FakeChat(), cache, tracker), tracker, cache, 64, 0.8, 0.95)
+    summary = run_orchestrator(
+        cfg, SamplingParams(), [INC, DOUBLE], [DOUBLE, INC], lambda: Sandbox(max_workers=1),
+        tmp_path / "out", tmp_path / "out" / "policy", clients=clients, encoder=FakeEncoder(), progress=True,
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert "orchestrator: train" in err and "4/4" in err and "reward=" in err and "ret=" in err
+    n_eval = 2 * len(summary["eval"]["methods"])  # 2 problems x (learned + each fixed pipeline)
+    assert "orchestrator: eval" in err and f"{n_eval}/{n_eval}" in err and "step=" in err

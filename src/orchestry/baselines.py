@@ -10,6 +10,11 @@ Methods (MAGRPO paper's baselines, plus the trained agents):
 
 Every sample becomes a record: method, task_id, sample index, texts, each reward level (flat, see
 ``LevelReward.to_dict``), prompt/completion tokens and seconds (its share of the batched generate calls).
+
+Progress (:mod:`orchestry.progress`, stderr, only on a terminal unless ``ORCHESTRY_PROGRESS`` says otherwise):
+one bar over the ``generate`` calls (live completion tokens per second), then one over the scored samples
+(live mean reward so far). Scoring runs ``batch_size`` samples per sandbox batch; each sample's reward does
+not depend on the batch it is scored in.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from orchestry.config import SamplingParams
 from orchestry.llm.local import chat_prompt, generate
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, SINGLE_SYSTEM, Problem
+from orchestry.progress import progress_bar
 from orchestry.rewards.code import extract_code, level_rewards, single_rewards
 
 METHODS = ("single", "concat", "sequential", "discussion", "magrpo")
@@ -43,8 +49,13 @@ def sample_texts(
     sampling: SamplingParams,
     seed: int,
     batch_size: int = 32,
+    bar=None,
 ) -> list[_Gen]:
-    """Sample one completion per rendered prompt, ``batch_size`` rows per ``generate`` call."""
+    """Sample one completion per rendered prompt, ``batch_size`` rows per ``generate`` call.
+
+    ``bar``: an optional progress bar (:func:`orchestry.progress.progress_bar`) advanced by one per call, its
+    postfix the call's completion tokens per second.
+    """
     out: list[_Gen] = []
     for start in range(0, len(prompts), batch_size):
         chunk = list(prompts[start : start + batch_size])
@@ -65,6 +76,9 @@ def sample_texts(
             _Gen(i.text, i.prompt_tokens, i.completion_tokens, per_row, i.completion_tokens >= limit)
             for i in b.items
         ]
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{sum(i.completion_tokens for i in b.items) / max(b.seconds, 1e-9):.0f}")
     return out
 
 
@@ -95,11 +109,13 @@ def run_method(
     seed: int = 0,
     batch_size: int = 32,
     adapters: bool = False,
+    progress: bool = True,
 ) -> list[dict]:
     """Generate and score ``num_samples`` samples per problem with ``method``.
 
     Args:
         adapters: use the peft adapters named ``helper`` and ``main`` (per-row) instead of the bare model.
+        progress: allow the progress bars (module docstring); ``False`` never draws them.
 
     Returns:
         one record per (problem, sample), ordered by problem then sample.
@@ -118,12 +134,23 @@ def run_method(
     def ad(agent, n):
         return [agent] * n if adapters else None
 
+    n = len(jobs)
+    calls = -(-n // batch_size) if batch_size > 0 else 0  # generate calls for n prompts
+    two = -(-2 * n // batch_size) if batch_size > 0 else 0  # ... for the 2n prompts of helper + main
+    total_calls = {
+        "single": calls,
+        "concat": two,
+        "magrpo": two,
+        "sequential": 2 * calls,
+        "discussion": 2 * two,
+    }
+    gen_bar = progress_bar(total_calls[method], f"{method}: generate", "batch", enable=progress)
+
     def sample(prompts, agent, offset):
         return sample_texts(
-            model, tokenizer, prompts, ad(agent, len(prompts)), sampling, seed + offset, batch_size
+            model, tokenizer, prompts, ad(agent, len(prompts)), sampling, seed + offset, batch_size, gen_bar
         )
 
-    n = len(jobs)
     helpers: list[_Gen] = []
     mains: list[_Gen]
     if method == "single":
@@ -140,6 +167,7 @@ def run_method(
             sampling,
             seed,
             batch_size,
+            gen_bar,
         )
         helpers, mains = gens[:n], gens[n:]
     elif method == "sequential":
@@ -164,6 +192,7 @@ def run_method(
             sampling,
             seed,
             batch_size,
+            gen_bar,
         )
         h1, m1 = drafts[:n], drafts[n:]
         hc = [extract_code(g.text)[0] for g in h1]
@@ -177,6 +206,7 @@ def run_method(
             sampling,
             seed + 200_000,
             batch_size,
+            gen_bar,
         )
         h2, m2 = revisions[:n], revisions[n:]
         helpers = [
@@ -199,16 +229,32 @@ def run_method(
             )
             for a, b in zip(m1, m2, strict=True)
         ]
+    gen_bar.close()
     probs = [p for p, _ in jobs]
-    if method == "single":
-        rewards = single_rewards(
-            probs, [m.text for m in mains], sandbox, truncated=[m.truncated for m in mains]
-        )
-    else:
-        trunc = [h.truncated or m.truncated for h, m in zip(helpers, mains, strict=True)]
-        rewards = level_rewards(
-            probs, [h.text for h in helpers], [m.text for m in mains], sandbox, truncated=trunc
-        )
+    rewards = []
+    chunk = max(1, batch_size)
+    with progress_bar(n, f"{method}: score", "sample", enable=progress) as score_bar:
+        for a in range(0, n, chunk):
+            b = min(n, a + chunk)
+            if method == "single":
+                part = single_rewards(
+                    probs[a:b],
+                    [m.text for m in mains[a:b]],
+                    sandbox,
+                    truncated=[m.truncated for m in mains[a:b]],
+                )
+            else:
+                trunc = [h.truncated or m.truncated for h, m in zip(helpers[a:b], mains[a:b], strict=True)]
+                part = level_rewards(
+                    probs[a:b],
+                    [h.text for h in helpers[a:b]],
+                    [m.text for m in mains[a:b]],
+                    sandbox,
+                    truncated=trunc,
+                )
+            rewards += part
+            score_bar.update(len(part))
+            score_bar.set_postfix(reward=f"{sum(r.total for r in rewards) / len(rewards):.3f}")
     records = []
     for i, ((p, s), r) in enumerate(zip(jobs, rewards, strict=True)):
         h = helpers[i] if helpers else _Gen("", 0, 0, 0.0)

@@ -14,10 +14,15 @@ from __future__ import annotations
 import ast
 import gzip
 import json
-import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestry.progress import progress_bar
+
+if TYPE_CHECKING:
+    from orchestry.sandbox import Sandbox
 
 REQUIRED_FIELDS = ("task_id", "prompt", "test", "entry_point")
 
@@ -264,8 +269,14 @@ def split_problems(
     """Split problems into ``val``/``train``/``test``.
 
     ``scheme="magrpo"`` uses the MAGRPO authors' HumanEval ranges (inclusive): val 0–31, train 33–132,
-    test 133–163 (HumanEval/32 unused), overridable by ``ranges``. ``scheme="random"`` shuffles with ``seed``
-    and cuts by ``fractions`` (val, train, test).
+    test 133–163 (HumanEval/32 unused), overridable by ``ranges``. ``scheme="random"`` is scikit-learn's
+    seeded ``train_test_split`` (``random_state=seed``) applied twice: ``test`` off all problems, then
+    ``val`` off the rest; sizes ``n_val = round(f_val n)``, ``n_train = min(round(f_train n), n - n_val)``, test
+    the remainder (its membership differs from the earlier ``random.Random(seed).shuffle`` cut; the ``magrpo`` split
+    is unchanged).
+
+    Raises:
+        ValueError: unknown ``scheme``.
     """
     if scheme == "magrpo":
         ranges = ranges or {"val": (0, 31), "train": (33, 132), "test": (133, 163)}
@@ -278,16 +289,58 @@ def split_problems(
         return out
     if scheme == "random":
         items = list(problems)
-        random.Random(seed).shuffle(items)
         n = len(items)
-        n_val = round(fractions[0] * n)
-        n_train = round(fractions[1] * n)
-        return {
-            "val": items[:n_val],
-            "train": items[n_val : n_val + n_train],
-            "test": items[n_val + n_train :],
-        }
+        n_val = min(n, round(fractions[0] * n))
+        n_train = min(round(fractions[1] * n), n - n_val)
+        rest, test = _split_off(items, n - n_val - n_train, seed)
+        train, val = _split_off(rest, n_val, seed)
+        return {"val": val, "train": train, "test": test}
     raise ValueError(f"unknown split scheme {scheme!r} (allowed: 'magrpo', 'random')")
+
+
+def _split_off(items: list[Problem], k: int, seed: int) -> tuple[list[Problem], list[Problem]]:
+    """``(rest, k seeded-random items)`` by ``sklearn.model_selection.train_test_split`` (which refuses 0 or all)."""
+    if k <= 0:
+        return items, []
+    if k >= len(items):
+        return [], items
+    from sklearn.model_selection import train_test_split
+
+    rest, taken = train_test_split(items, test_size=k, random_state=seed, shuffle=True)
+    return list(rest), list(taken)
+
+
+def check_canonical_solutions(
+    problems: Sequence[Problem], sandbox: Sandbox, chunk_size: int = 16, progress: bool = True
+) -> tuple[int, list[str]]:
+    """Run every problem's canonical solution against its assert units in ``sandbox``.
+
+    Problems without a canonical solution are skipped. Jobs go to ``sandbox.run_batch`` ``chunk_size`` at a time
+    behind a progress bar (:mod:`orchestry.progress`; live count of failures), so a long check shows its ETA.
+
+    Returns:
+        ``(checked, failed_task_ids)``: how many solutions ran, and the task ids where some assert failed.
+
+    Raises:
+        ValueError: ``chunk_size < 1``.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    from orchestry.sandbox import Job
+
+    todo = [p for p in problems if p.canonical_solution]
+    failed: list[str] = []
+    with progress_bar(len(todo), "prepare: canonical solutions", "problem", enable=progress) as bar:
+        for a in range(0, len(todo), chunk_size):
+            part = todo[a : a + chunk_size]
+            jobs = [
+                Job(p.context + "\n" + p.prompt + p.canonical_solution, p.asserts, p.test_setup) for p in part
+            ]
+            results = sandbox.run_batch(jobs)
+            failed += [p.task_id for p, r in zip(part, results, strict=True) if r.passed != r.total]
+            bar.update(len(part))
+            bar.set_postfix(failed=len(failed))
+    return len(todo), failed
 
 
 def read_problems(path: str | Path) -> list[Problem]:

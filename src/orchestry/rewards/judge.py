@@ -213,6 +213,49 @@ class Judge:
         return parse_guidelines(res[0].text, roles, max_per_role)
 
 
+def judge_agreement(
+    rewards: Sequence[float], judge_scores: Sequence[float], max_reward: float, bins: int = 5
+) -> dict[str, float]:
+    """How well the judge's ``combined`` score (0-10) agrees with the executable reward R (0..``max_reward``).
+
+    - ``spearman``: Spearman's rank correlation of R and J (``scipy.stats.spearmanr``, ties averaged);
+    - ``kappa``: Cohen's quadratic-weighted kappa (Cohen 1968; ``sklearn.metrics.cohen_kappa_score``) of the
+      two scores as ordinal ratings: ``R / max_reward`` and ``J / 10`` each cut into ``bins`` equal-width bins
+      of [0, 1] (the top edge in the last bin). 1: same ratings; 0: chance-level agreement.
+
+    Both are NaN when there are fewer than two pairs or a side is constant (undefined, not "no agreement").
+
+    Returns:
+        ``{"pairs": n, "spearman": rho, "kappa": kappa}``.
+
+    Raises:
+        ValueError: the sequences differ in length, ``max_reward <= 0`` or ``bins < 2``.
+    """
+    if len(rewards) != len(judge_scores):
+        raise ValueError(f"{len(rewards)} rewards for {len(judge_scores)} judge scores")
+    if max_reward <= 0 or bins < 2:
+        raise ValueError(f"need max_reward > 0 and bins >= 2, got max_reward={max_reward}, bins={bins}")
+    n = len(rewards)
+    nan = float("nan")
+    if n < 2 or len(set(rewards)) < 2 or len(set(judge_scores)) < 2:
+        return {"pairs": n, "spearman": nan, "kappa": nan}
+    import numpy as np
+    from scipy.stats import spearmanr
+    from sklearn.metrics import cohen_kappa_score
+
+    def rating(x: Sequence[float], top: float) -> np.ndarray:
+        return np.minimum((np.clip(np.asarray(x, float) / top, 0.0, 1.0) * bins).astype(int), bins - 1)
+
+    rho = float(spearmanr(rewards, judge_scores).statistic)
+    a, b = rating(rewards, max_reward), rating(judge_scores, 10.0)
+    if (
+        len(set(a.tolist()) | set(b.tolist())) == 1
+    ):  # every rating the same bin: chance agreement is 1, kappa 0/0
+        return {"pairs": n, "spearman": rho, "kappa": nan}
+    kappa = float(cohen_kappa_score(a, b, labels=list(range(bins)), weights="quadratic"))
+    return {"pairs": n, "spearman": rho, "kappa": kappa}
+
+
 def parse_guidelines(text: str, roles: Sequence[str], max_per_role: int) -> dict[str, list[str]]:
     """``{role: [guideline, ...]}`` from lines ``[-*] <role>: <text>`` (case-insensitive role, deduplicated)."""
     pattern = re.compile(r"^\s*(?:[-*\d.)]+\s*)?\**\s*(" + "|".join(map(re.escape, roles)) + r")\s*\**\s*:\s*(.+?)\s*$",

@@ -21,6 +21,12 @@
 A budget stop (:class:`orchestry.llm.cost.BudgetExceeded`) ends the phase cleanly: the unfinished block is
 dropped (its paid responses are in the cache, so a re-run with a larger budget replays them for free), the
 outputs are written and ``summary.json`` says ``budget_status: exhausted``.
+
+With the judge on, its agreement with the executable reward over the judged training trajectories
+(:func:`orchestry.rewards.judge.judge_agreement`: Spearman's rho, quadratic-weighted Cohen's kappa) is logged
+after every block (``judge/spearman``, ``judge/kappa``) and reported in ``summary.json`` (``judge.agreement``).
+Progress bars (:mod:`orchestry.progress`): training per episode (live mean selected reward, best value, USD),
+evaluation per turn (live mean reward of the turn's answers).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +49,8 @@ from orchestry.llm.cache import CachedChat, ResponseCache
 from orchestry.llm.cost import BudgetExceeded, CostTracker, require_price
 from orchestry.metrics import bootstrap_ci
 from orchestry.problems import Problem
-from orchestry.rewards.judge import Judge, judge_prompt
+from orchestry.progress import progress_bar
+from orchestry.rewards.judge import Judge, judge_agreement, judge_prompt
 from orchestry.tasks.code_collaboration import CodeCollaboration
 from orchestry.tasks.code_review import CodeReview
 from orchestry.tasks.common import Task, Turn
@@ -185,6 +193,7 @@ class ApiGrpoRun:
         out_dir: where the four outputs go.
         on_metrics: ``(metrics, step)`` callback (the stage logs them to MLflow).
         confidence / n_boot: level and resamples of the evaluation's bootstrap CIs (``intervals`` params).
+        progress: allow the progress bars (module docstring); ``False`` never draws them.
     """
 
     def __init__(
@@ -198,6 +207,7 @@ class ApiGrpoRun:
         on_metrics: Callable[[dict, int | None], None] | None = None,
         confidence: float = 0.95,
         n_boot: int = 1000,
+        progress: bool = True,
     ):
         if not train_problems:
             raise ValueError("api_grpo needs at least one train problem (data/problems/train.jsonl is empty)")
@@ -206,6 +216,7 @@ class ApiGrpoRun:
         self.out = Path(out_dir)
         self.on_metrics = on_metrics or (lambda m, s: None)
         self.confidence, self.n_boot = confidence, n_boot
+        self.progress = progress
         order = list(train_problems)
         random.Random(cfg.seed).shuffle(order)
         self.train_order = order
@@ -243,7 +254,9 @@ class ApiGrpoRun:
         k: int,
         beam_width: int,
         use_judge: bool,
+        on_turn: Callable[[list[tuple[float, dict]]], None] | None = None,
     ) -> list[EpisodeSearch]:
+        """One block of episodes in lockstep; ``on_turn(scored)`` is called after each turn's values."""
         c, task = self.c, self.task
 
         def sample(requests: list[tuple[int, Trajectory, int]]) -> list[Turn]:
@@ -299,6 +312,8 @@ class ApiGrpoRun:
             for r, j in zip(rewards, judged, strict=True):
                 v = r["total"] if j is None else (1 - w) * r["total"] + w * task.max_reward * j.combined / 10
                 out.append((v, {"reward": r, "judge": j.to_dict() if j else None}))
+            if on_turn is not None:
+                on_turn(out)
             return out
 
         return beam_search(
@@ -355,6 +370,8 @@ class ApiGrpoRun:
         cfg, t0 = self.cfg, time.time()
         m = cfg.behavior_every
         done = 0
+        bar = progress_bar(cfg.num_episodes, "api_grpo: train", "episode", enable=self.progress)
+        best = float("-inf")
         while done < cfg.num_episodes:
             ids = list(range(done, min(done + m, cfg.num_episodes)))
             problems = [self.train_order[e % len(self.train_order)] for e in ids]
@@ -375,7 +392,17 @@ class ApiGrpoRun:
                 self.episodes.append(rec)
                 self.train_pool.extend((p, t, a) for t, a in zip(res.group, res.advantages, strict=True))
                 self._log_episode(rec, e)
+                best = max([best] + [t["value"] for t in rec["trajectories"]])
             done += len(ids)
+            bar.update(len(ids))
+            bar.set_postfix(
+                reward=f"{self._mean_selected('train'):.3f}",
+                best=f"{best:.3f}",
+                usd=f"{self.c.tracker.total.usd:.4f}",
+            )
+            if self.judge is not None:
+                agree = self.judge_agreement()
+                self.on_metrics({f"judge/{k}": v for k, v in agree.items() if math.isfinite(v)}, done)
             try:
                 self._refresh_library(done)
             except BudgetExceeded as e:
@@ -389,7 +416,20 @@ class ApiGrpoRun:
                 self.c.tracker.total.prompt_tokens + self.c.tracker.total.completion_tokens,
                 self.c.tracker.total.to_dict()["cache_hit_rate"],
             )  # fmt: skip
+        bar.close()
         self.seconds["train"] = time.time() - t0
+
+    def judge_agreement(self) -> dict[str, float]:
+        """Agreement of the judge with the executable reward over the judged training trajectories so far
+        (:func:`orchestry.rewards.judge.judge_agreement`); neutral fallbacks (no real judgment) are left out."""
+        pairs = [
+            (t["reward"].get("total", 0.0), t["judge"]["combined"])
+            for r in self.episodes
+            if r["phase"] == "train"
+            for t in r["trajectories"]
+            if t["judge"] and t["judge"]["how"] not in ("neutral", "error")
+        ]
+        return judge_agreement([a for a, _ in pairs], [b for _, b in pairs], self.task.max_reward)
 
     def _refresh_library(self, after_episode: int) -> None:
         feats, advs = [], []
@@ -474,12 +514,26 @@ class ApiGrpoRun:
         if not problems:
             self.eval_summary = {"status": "skipped: no test problems"}
             return
+        bar = progress_bar(
+            len(self.task.roles), f"api_grpo: eval {len(ids)} episodes", "turn", enable=self.progress
+        )
+
+        def on_turn(scored: list[tuple[float, dict]]) -> None:
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{sum(info['reward'].get('total', 0.0) for _, info in scored) / len(scored):.3f}"
+            )
+
         try:
-            results = self._search("eval", ids, problems, behaviors, base, 1, 1, use_judge=False)
+            results = self._search(
+                "eval", ids, problems, behaviors, base, 1, 1, use_judge=False, on_turn=on_turn
+            )
         except BudgetExceeded as e:
             self.eval_summary = {"status": f"skipped: budget exhausted ({e})"}
             log.warning("evaluation skipped: %s", e)
             return
+        finally:
+            bar.close()
         rewards: dict[str, list[float]] = {"with": [], "without": []}
         for ep, p, arm, beh, res in zip(ids, problems, arms, behaviors, results, strict=True):
             rec = self._record("eval", arm, ep, p, res, self.behaviors_version if arm == "with" else 0, beh)
@@ -583,6 +637,7 @@ class ApiGrpoRun:
                 "enabled": self.judge is not None,
                 "calls": self.judge.calls if self.judge else 0,
                 "neutral_fallbacks": self.judge.failures if self.judge else 0,
+                **({"agreement": self.judge_agreement()} if self.judge else {}),
             },
             "seconds": self.seconds,
         }
@@ -666,6 +721,7 @@ def run_api_grpo(
     clients: Clients | None = None,
     confidence: float = 0.95,
     n_boot: int = 1000,
+    progress: bool = True,
 ) -> dict:
     """Open the clients (all checks first), then the sandbox, and run (see the module docstring).
 
@@ -674,6 +730,7 @@ def run_api_grpo(
             the clients passed their checks).
         clients: already opened clients (from :func:`open_clients`); closed at the end either way.
         confidence / n_boot: level and resamples of the evaluation's bootstrap CIs (``intervals`` params).
+        progress: allow the progress bars (:mod:`orchestry.progress`).
 
     Returns:
         The summary dict (also written to ``out_dir/summary.json``).
@@ -685,8 +742,9 @@ def run_api_grpo(
     try:
         with sandbox_factory() as sandbox:
             run = ApiGrpoRun(
-                cfg, clients, train_problems, test_problems, sandbox, out_dir, on_metrics, confidence, n_boot
-            )
+                cfg, clients, train_problems, test_problems, sandbox, out_dir, on_metrics, confidence, n_boot,
+                progress,
+            )  # fmt: skip
             summary = run.run()
     finally:
         clients.close()

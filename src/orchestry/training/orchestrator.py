@@ -50,6 +50,7 @@ from orchestry.llm.cache import CachedChat, ResponseCache
 from orchestry.llm.cost import BudgetExceeded, CostTracker, require_price
 from orchestry.metrics import bootstrap_ci
 from orchestry.problems import Problem
+from orchestry.progress import progress_bar
 from orchestry.tasks.agent_pool import (
     TERMINATE,
     Agent,
@@ -404,9 +405,11 @@ def rollout(
     generator: torch.Generator | None = None,
     greedy: bool = False,
     tag: str = "",
+    on_step: Callable[[int], None] | None = None,
 ) -> list[Episode]:
     """Run one episode per problem in lockstep; ``controllers[i]`` is a pipeline or ``None`` (the learned policy,
-    sampled with ``generator``, or its argmax with ``greedy``).
+    sampled with ``generator``, or its argmax with ``greedy``). ``on_step(finished)`` is called after every
+    lockstep step with the number of episodes finished so far (progress display).
 
     Returns:
         Episodes in input order; policy episodes carry their :class:`Trajectory` (S_t, masks, a_t, R_t).
@@ -440,6 +443,8 @@ def rollout(
             if ctrl is not None:
                 names[i] = ctrl.next(states[i])
         env.act([states[i] for i in active], [names[i] for i in active], tag)
+        if on_step is not None:
+            on_step(sum(s.done for s in states))
     out = []
     for i, (s, (r, rew)) in enumerate(zip(states, env.task_rewards(states), strict=True)):
         costs = [st.cost for st in s.steps if st.agent != TERMINATE]
@@ -566,12 +571,10 @@ class OrchestratorRun:
 
     # -- training --
     def train(self) -> None:
-        from tqdm.auto import tqdm
-
         cfg, t0 = self.cfg, time.time()
         per = cfg.episodes_per_update
         n_updates = math.ceil(cfg.num_episodes / per)
-        bar = tqdm(total=cfg.num_episodes, desc="orchestrator: train episodes", disable=not self.progress)
+        bar = progress_bar(cfg.num_episodes, "orchestrator: train", "episode", enable=self.progress)
         done = 0
         for u in range(n_updates):
             k = min(per, cfg.num_episodes - done)
@@ -605,7 +608,11 @@ class OrchestratorRun:
                 u,
             )
             bar.update(k)
-            bar.set_postfix(ret=f"{stats['mean_return']:.2f}", len=f"{stats['mean_length']:.1f}")
+            bar.set_postfix(
+                reward=f"{stats['mean_reward']:.2f}",
+                ret=f"{stats['mean_return']:.2f}",
+                len=f"{stats['mean_length']:.1f}",
+            )
         bar.close()
         self.seconds["train"] = time.time() - t0
 
@@ -644,12 +651,25 @@ class OrchestratorRun:
         if not problems:
             self.eval_status = "skipped: no test problems"
             return
+        bar = progress_bar(len(problems), "orchestrator: eval", "episode", enable=self.progress)
+        steps = 0
+
+        def on_step(finished: int) -> None:
+            nonlocal steps
+            steps += 1
+            bar.update(finished - bar.n)
+            bar.set_postfix(step=steps, usd=f"{self.c.tracker.total.usd:.4f}")
+
         try:
-            self.eval_episodes = rollout(self.env, problems, ctrls, self.learner, greedy=True, tag="eval")
+            self.eval_episodes = rollout(
+                self.env, problems, ctrls, self.learner, greedy=True, tag="eval", on_step=on_step
+            )
         except BudgetExceeded as e:
             self.eval_status = f"skipped: budget exhausted ({e})"
             log.warning("evaluation skipped: %s", e)
             return
+        finally:
+            bar.close()
         self.eval_status = "done"
         self.seconds["eval"] = time.time() - t0
 
