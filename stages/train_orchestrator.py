@@ -16,7 +16,7 @@ import mlflow
 
 from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
-from orchestry.problems import read_jsonl
+from orchestry.problems import read_problems
 from orchestry.runtime import open_sandbox, start_stage
 from orchestry.tracking import log_metrics, stage_run
 from orchestry.training.orchestrator import open_clients, run_orchestrator
@@ -44,8 +44,8 @@ def main() -> None:
     t0 = time.time()
     params = start_stage("train_orchestrator")
     cfg = params.train_orchestrator
-    train = read_jsonl("data/problems/train.jsonl")
-    test = read_jsonl("data/problems/test.jsonl")
+    train = read_problems("data/problems/train.jsonl")
+    test = read_problems("data/problems/test.jsonl")
     try:  # key, price and server are checked here, before the MLflow run, the model or the sandbox
         clients = open_clients(cfg, params.sampling, params.model.path, params.model.dtype)
     except (BackendConfigError, PriceError) as e:

@@ -359,7 +359,7 @@ def test_plots_from_a_fake_run(tmp_path) -> None:
 @pytest.mark.slow
 def test_embedded_model_and_real_encoder_on_one_problem(tmp_path) -> None:
     """SmolLM2 (models/base) as every agent, the MiniLM state encoder, the sandbox: 2 train episodes, 1 test problem."""
-    from orchestry.problems import read_jsonl
+    from orchestry.problems import read_problems
 
     if (
         not (REPO / "models/base/model.safetensors").exists()
@@ -375,8 +375,8 @@ def test_embedded_model_and_real_encoder_on_one_problem(tmp_path) -> None:
             embedding_cache_path=str(tmp_path / "e.sqlite"),
         )  # fmt: skip
         summary = run_orchestrator(
-            cfg, SamplingParams(), read_jsonl(REPO / "data/problems/train.jsonl"),
-            read_jsonl(REPO / "data/problems/test.jsonl"), lambda: Sandbox(max_workers=1), tmp_path / "out",
+            cfg, SamplingParams(), read_problems(REPO / "data/problems/train.jsonl"),
+            read_problems(REPO / "data/problems/test.jsonl"), lambda: Sandbox(max_workers=1), tmp_path / "out",
             tmp_path / "policy", model_path=str(REPO / "models/base"), progress=False,
         )  # fmt: skip
     finally:

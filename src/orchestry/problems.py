@@ -347,8 +347,3 @@ def read_problems(path: str | Path) -> list[Problem]:
     """Problems of a ``data/problems/*.jsonl`` file (the ``prepare`` stage writes them with
     ``orchestry.runtime.write_jsonl(path, (p.to_dict() for p in problems))``)."""
     return [Problem.from_dict(r) for _, r in read_records(path)]
-
-
-# Transitional: stages/train_orchestrator.py (in progress, not yet committed) still imports this name; the one
-# JSONL pair is orchestry.runtime.read_jsonl/write_jsonl. Remove once that stage uses read_problems.
-read_jsonl = read_problems
