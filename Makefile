@@ -26,6 +26,13 @@ $(STAMP): constraints.txt pyproject.toml
 	      || echo "note: could not install bubblewrap; the sandbox will run without namespaces"; \
 	  else echo "note: bubblewrap not installed (needs root and apt); the sandbox will run without namespaces"; fi; \
 	fi
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+	      || (apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1)) \
+	      || echo "note: could not install chromium; tests/test_report.py will skip the browser check"; \
+	  else echo "note: chromium not installed (needs root and apt); tests/test_report.py will skip the browser check"; fi; \
+	fi
 	@touch $(STAMP)
 
 repro: setup

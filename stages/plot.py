@@ -1,6 +1,8 @@
-"""Stage `plot`: PNG figures under reports/figures/ (learning curves, methods, schemes, API-GRPO)."""
+"""Stage `plot`: PNG figures under reports/figures/ (learning curves, methods, schemes, API-GRPO, orchestrator)
+and the HTML report of every result, reports/index.html (:mod:`orchestry.report`)."""
 
 import json
+import sys
 from pathlib import Path
 
 import mlflow
@@ -14,10 +16,12 @@ from orchestry.plots import (
 )
 from orchestry.plots_api_grpo import plot_api_grpo
 from orchestry.plots_orchestrator import plot_orchestrator
+from orchestry.report import ReportError, write_report
 from orchestry.runtime import start_stage
 from orchestry.tracking import stage_run
 
 OUT = Path("reports/figures")
+REPORT = Path("reports/index.html")
 
 
 def main() -> None:
@@ -37,6 +41,12 @@ def main() -> None:
         plot_orchestrator(Path("reports/orchestrator"), OUT, cfg.dpi)
         mlflow.log_artifacts(str(OUT), "figures")
         print("figures:", ", ".join(sorted(p.name for p in OUT.glob("*.png"))))
+        try:
+            write_report(Path("."), REPORT)
+        except ReportError as e:
+            sys.exit(f"error: {REPORT} not built: {e}")
+        mlflow.log_artifact(str(REPORT))
+        print("report:", REPORT)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,581 @@
+"""``reports/index.html``: one self-contained page with every result of the pipeline.
+
+Sections: the metrics table of all methods with bootstrap confidence intervals, MAGRPO's training gain, API-GRPO
+with vs without its learned behaviours, the learned orchestrator vs fixed pipelines, cost per method (tokens,
+wall seconds, USD), every figure under ``reports/figures/``, one example of each cooperation scheme, and the best
+and worst transcript of each evaluated method.
+
+Inputs, all under ``<root>/reports/`` (the committed outputs of the DVC stages): ``metrics.json`` (evaluate),
+``baselines/*.json(l)`` (baselines), ``eval/*.jsonl`` (evaluate), ``schemes.json`` and ``schemes_samples.jsonl``
+(detect_schemes), ``train/magrpo.json`` (train_magrpo), ``api_grpo/summary.json`` (train_api_grpo),
+``orchestrator/summary.json`` (train_orchestrator) and ``figures/*.png`` (plot). Tables are made with pandas
+(``DataFrame.to_html``); model-written text is escaped (``html.escape``). Links are relative, the CSS is inline
+and there is no script, so the page works from a copy of ``reports/`` opened as a file, offline.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from orchestry.plots import METHOD_LABELS
+
+#: Figures in page order, with their captions; any other ``figures/*.png`` follows under its file name.
+FIGURES = {
+    "learning_curves.png": "MAGRPO training: mean joint reward per policy update, and each reward level "
+    "(structure, syntax, tests, cooperation) as a moving average.",
+    "scheme_evolution.png": "MAGRPO training: cooperation scheme of main's code per step (with the step each "
+    "scheme first appears), the ungated aux-call rates and the share of zero-variance groups.",
+    "methods.png": "Test split: mean joint reward and pass rate per method, with bootstrap confidence intervals "
+    "over problems.",
+    "collaboration.png": "Test split: how often main calls aux, uses its value, and reaches the gated "
+    "cooperation level.",
+    "schemes.png": "Test split: cooperation scheme of main's code per method (AST analysis).",
+    "api_grpo.png": "API-GRPO: reward of each trajectory against cumulative tokens, and test reward with vs "
+    "without the learned behaviours.",
+    "orchestrator_pareto.png": "Learned orchestrator vs fixed pipelines: task reward against cost.",
+    "orchestrator_agents.png": "Learned orchestrator: share of turns given to each agent.",
+    "orchestrator_transitions.png": "Learned orchestrator: transitions between agents (which agent acts next).",
+}
+
+#: One line per scheme of :data:`orchestry.schemes.SCHEMES` (the module docstring has the exact rules).
+SCHEME_DESCRIPTIONS = {
+    "fallback": "main tries aux and falls back to its own logic (try/except, a None check, `aux(x) or ...`).",
+    "strategy_filter": "aux's result chooses a branch (if/while/conditional test, `filter(aux, xs)`).",
+    "coordinator": "main calls aux repeatedly and combines the results (loop, comprehension, `map(aux, xs)`).",
+    "decorator": "main calls aux once and adds pre- or post-processing.",
+    "wrapper": "main only returns aux's value.",
+    "none": "aux is never called by the entry point (or the code does not parse).",
+}
+
+ORCHESTRATOR_LABELS = {
+    "learned": "learned orchestrator",
+    "helper_main": "fixed: helper → main",
+    "all_in_order": "fixed: every agent in order",
+    "test_fix_loop": "fixed: test-fix loop",
+}
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1200px;
+       padding: 1em 2em; color: #222; line-height: 1.45; }
+h1 { border-bottom: 2px solid #444; padding-bottom: .2em; }
+h2 { border-bottom: 1px solid #bbb; margin-top: 2em; }
+nav ul { columns: 2; }
+table.data { border-collapse: collapse; margin: .6em 0 1.2em; font-size: 0.88em; }
+table.data th, table.data td { border: 1px solid #ccc; padding: .25em .55em; text-align: right; }
+table.data th { background: #f0f0f0; }
+table.data td { white-space: nowrap; }
+.table { overflow-x: auto; }
+table.data td:first-child, table.data th:first-child { text-align: left; }
+table.data td:first-child { font-weight: 600; }
+table.data tbody tr:nth-child(even) { background: #fafafa; }
+figure { margin: 1.2em 0; }
+figure img { max-width: 100%; border: 1px solid #ddd; }
+figcaption { font-size: .9em; color: #444; }
+pre { background: #f6f8fa; border: 1px solid #ddd; padding: .6em; overflow-x: auto; font-size: .82em;
+      white-space: pre-wrap; word-break: break-word; }
+.sample { border-left: 4px solid #4c72b0; padding-left: 1em; margin: 1.2em 0; }
+.sample.worst { border-left-color: #c44e52; }
+.note { color: #555; font-size: .9em; }
+"""
+
+
+MISSING_SAMPLES = (
+    "the per-sample files (reports/eval/*.jsonl, reports/baselines/*.jsonl, reports/schemes_samples.jsonl) "
+    "are DVC outputs kept out of git; run `dvc pull` or `dvc repro` to get them."
+)
+
+
+class ReportError(ValueError):
+    """An input of the report is missing or malformed; the message (one line) names the file."""
+
+
+# ---------------------------------------------------------------- reading the inputs
+
+
+def _read(path: Path, parse: Callable[[str], Any]) -> Any:
+    try:
+        return parse(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReportError(f"missing input {path}") from None
+    except (OSError, ValueError) as e:
+        raise ReportError(
+            f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from e
+
+
+def _json(path: Path) -> Any:
+    return _read(path, json.loads)
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return _read(path, lambda text: [json.loads(line) for line in text.splitlines() if line.strip()])
+
+
+def _get(obj: Any, *keys: str, source: Path) -> Any:
+    """``obj[k1][k2]...``, or a ReportError naming the missing key and the file."""
+    for i, k in enumerate(keys):
+        if not isinstance(obj, dict) or k not in obj:
+            raise ReportError(f"{source}: missing key {'.'.join(keys[: i + 1])}")
+        obj = obj[k]
+    return obj
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def _num(v: Any, digits: int = 2) -> str:
+    """A number with thousands separators and ``digits`` decimals (integers as they are); "—" when
+    missing or not finite; anything else as its text."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return "—" if v is None else str(v)
+    return f"{x:,.{digits}f}" if math.isfinite(x) else "—"
+
+
+def _ci(mean: Any, low: Any, high: Any, digits: int = 2) -> str:
+    """``mean [low, high]``; just the mean when the interval is unknown."""
+    if low is None or high is None:
+        return _num(mean, digits)
+    return f"{_num(mean, digits)} [{_num(low, digits)}, {_num(high, digits)}]"
+
+
+def _ci_of(stats: dict, key: str, digits: int = 2) -> str:
+    """From a flat dict with ``key``, ``key_ci_low`` and ``key_ci_high`` (``reports/metrics.json`` style)."""
+    return _ci(stats.get(key), stats.get(f"{key}_ci_low"), stats.get(f"{key}_ci_high"), digits)
+
+
+def _ci_dict(stats: dict | None, digits: int = 2) -> str:
+    """From ``{"mean", "ci_low", "ci_high"}`` (the API-GRPO and orchestrator summaries)."""
+    if not stats:
+        return "—"
+    return _ci(stats.get("mean"), stats.get("ci_low"), stats.get("ci_high"), digits)
+
+
+def _usd(v: Any) -> str:
+    text = _num(v, 4)
+    return text if text == "—" or not text[-1].isdigit() else f"${text}"
+
+
+def _table(rows: list[dict]) -> str:
+    """An HTML table (pandas) of ``rows``, one column per key, the first naming the row; cells are escaped."""
+    table = pd.DataFrame(rows).fillna("—").to_html(classes="data", border=0, escape=True, index=False)
+    return f'<div class="table">{table}</div>'
+
+
+def _code(text: Any) -> str:
+    return f"<pre><code>{html.escape(str(text or ''))}</code></pre>"
+
+
+def _label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def _k_keys(methods: dict, prefix: str) -> list[str]:
+    """``pass@1``, ``pass@2``, ... present in any method, sorted by k."""
+    pat = re.compile(rf"^{re.escape(prefix)}@(\d+)$")
+    ks = {int(m.group(1)) for stats in methods.values() for k in stats if (m := pat.match(k))}
+    return [f"{prefix}@{k}" for k in sorted(ks)]
+
+
+# ---------------------------------------------------------------- sections
+
+
+def _metrics_section(metrics: dict, src: Path) -> str:
+    methods = _get(metrics, "methods", source=src)
+    level = _get(metrics, "intervals", "confidence", source=src)
+    if not isinstance(level, int | float) or not 0 < level < 1:
+        raise ReportError(f"{src}: intervals.confidence must be a number in (0, 1), got {level!r}")
+    k_cols = _k_keys(methods, "pass") + _k_keys(methods, "accuracy")
+    rewards, passes, collab = [], [], []
+    for name, s in methods.items():
+        rewards.append(
+            {
+                "method": _label(name),
+                "problems": _num(s.get("n_problems")),
+                "samples": _num(s.get("n_samples")),
+                "mean joint reward (max 4.0)": _ci_of(s, "reward"),
+                **{lv: _num(s.get(lv)) for lv in ("structure", "syntax", "tests", "cooperation")},
+            }
+        )
+        passes.append(
+            {
+                "method": _label(name),
+                "pass rate": _ci_of(s, "pass_rate"),
+                **{k: _num(s.get(k)) for k in k_cols},
+            }
+        )
+        collab.append(
+            {
+                "method": _label(name),
+                "aux defined": _ci_of(s, "aux_defined_rate"),
+                "main calls aux": _ci_of(s, "aux_called_rate"),
+                "main uses aux's value": _ci_of(s, "aux_used_rate"),
+                "cooperation rate (gated)": _num(s.get("cooperation_rate")),
+                "truncated": _num(s.get("truncation_rate")),
+            }
+        )
+    return (
+        f"<p>Test split: {_num(metrics.get('test_problems'))} problems, "
+        f"{_num(metrics.get('samples_per_problem'))} samples per problem for the trained and base agents. "
+        f"Brackets: {level:.0%} bootstrap confidence interval over problems "
+        f"({_num(metrics.get('intervals', {}).get('resamples'))} resamples).</p>"
+        "<h3>Reward</h3><p>Mean joint reward and the mean of each level (structure max 1.0, syntax 0.5, "
+        "tests 1.0, cooperation 1.5; each level gates the next).</p>"
+        + _table(rewards)
+        + "<h3>Passing</h3><p>Pass rate: share of samples passing every assert; pass@k and accuracy@k as "
+        "defined in <code>docs/algorithms.md</code>.</p>"
+        + _table(passes)
+        + "<h3>Collaboration (share of samples)</h3>"
+        + _table(collab)
+    )
+
+
+def _magrpo_section(train: dict, src: Path) -> str:
+    # magrpo.json names the quarters' intervals first_quarter_ci_low (not first_quarter_reward_ci_low)
+    quarter = {
+        f"{q} quarter mean reward": _ci(
+            train.get(f"{q}_quarter_reward"),
+            train.get(f"{q}_quarter_ci_low"),
+            train.get(f"{q}_quarter_ci_high"),
+        )
+        for q in ("first", "last")
+    }
+    row = {
+        "phase": "MAGRPO training",
+        "steps": _num(_get(train, "steps", source=src)),
+        **quarter,
+        "difference (last − first)": _ci_of(train, "difference"),
+    }
+    return (
+        f"<p>Mean joint reward of the training samples in the first and last quarter of the run "
+        f"({_num(train.get('quarter_steps'))} steps each), with bootstrap confidence intervals.</p>"
+        + _table([row])
+    )
+
+
+def _api_grpo_section(summary: dict, src: Path) -> str:
+    ev = _get(summary, "eval", source=src)
+    rows = [
+        {
+            "policy": label,
+            "mean test reward (max 4.0)": _ci_dict(ev.get(key)),
+            "problems": _num(ev.get("problems")),
+        }
+        for key, label in (
+            ("with", "with learned behaviours"),
+            ("without", "without behaviours"),
+            ("difference", "difference (with − without)"),
+        )
+    ]
+    behaviours = summary.get("behaviors", {}).get("final") or {}
+    parts = "".join(f"<p><b>{html.escape(agent)}</b></p>{_code(text)}" for agent, text in behaviours.items())
+    level = ev.get("confidence")
+    return (
+        f"<p>Backend <code>{html.escape(str(summary.get('backend')))}</code>, model "
+        f"<code>{html.escape(str(summary.get('model')))}</code>, "
+        f"{_num(summary.get('episodes_completed'))} training episodes; evaluation status "
+        f"<code>{html.escape(str(ev.get('status')))}</code>"
+        + (f", {level:.0%} bootstrap intervals over problems" if isinstance(level, int | float) else "")
+        + ".</p>"
+        + _table(rows)
+        + ("<h3>Learned behaviours (injected into the prompts)</h3>" + parts if parts else "")
+    )
+
+
+def _orchestrator_section(summary: dict, src: Path) -> str:
+    ev = _get(summary, "eval", source=src)
+    rows = []
+    for name, s in (ev.get("methods") or {}).items():
+        rows.append(
+            {
+                "policy": ORCHESTRATOR_LABELS.get(name, name),
+                "task reward": _ci_dict(s.get("task_reward") or s.get("reward")),
+                f"cost ({summary.get('cost_unit', 'tokens')})": _ci_dict(s.get("cost"), 0),
+                "tokens": _ci_dict(s.get("tokens"), 0),
+                "reward − λ·cost": _ci_dict(s.get("objective"), 3),
+                "success rate": _ci_dict(s.get("success_rate")),
+                "turns": _num(s.get("length")),
+                "USD": _usd(s.get("usd")),
+            }
+        )
+    diffs = [
+        {
+            "learned − fixed": ORCHESTRATOR_LABELS.get(name, name),
+            "task reward": _ci_dict(d.get("reward")),
+            "cost": _ci_dict(d.get("cost"), 0),
+            "reward − λ·cost": _ci_dict(d.get("objective"), 3),
+        }
+        for name, d in (ev.get("learned_minus") or {}).items()
+    ]
+    if not rows:
+        return f"<p>No evaluation (status <code>{html.escape(str(ev.get('status')))}</code>).</p>"
+    level = summary.get("confidence")
+    return (
+        f"<p>Test problems: {_num(ev.get('problems'))}; λ = {html.escape(str(summary.get('cost_lambda')))}; "
+        + (f"{level:.0%} bootstrap intervals over problems." if isinstance(level, int | float) else "")
+        + "</p>"
+        + _table(rows)
+        + ("<h3>Paired differences</h3>" + _table(diffs) if diffs else "")
+    )
+
+
+def _total(per_sample: float | None, n: int | None) -> int | None:
+    return None if per_sample is None or n is None else round(per_sample * n)
+
+
+def _cost_section(metrics: dict, reports: Path, train: dict, api: dict, orch: dict) -> str:
+    rows = []
+    for name, s in metrics["methods"].items():
+        n = s.get("n_samples")
+        p, c = s.get("prompt_tokens"), s.get("completion_tokens")
+        seconds = s.get("seconds")
+        baseline = reports / "baselines" / f"{name.removeprefix('baseline_')}.json"
+        if seconds is None and name.startswith("baseline_") and baseline.is_file():
+            seconds = _json(baseline).get("seconds")  # evaluate's gathered copy leaves it out
+        rows.append(
+            {
+                "method": _label(name),
+                "phase": "test split (local model)",
+                "samples or calls": _num(n),
+                "prompt tokens": _num(_total(p, n)),
+                "completion tokens": _num(_total(c, n)),
+                "tokens per sample": _num(None if p is None or c is None else p + c, 1),
+                "wall seconds": _num(seconds, 1),
+                "USD": "$0 (local)",
+            }
+        )
+    steps, sps = train.get("steps"), train.get("seconds_per_step")
+    p, c = train.get("prompt_tokens"), train.get("completion_tokens")
+    rows.append(
+        {
+            "method": "MAGRPO",
+            "phase": f"training ({_num(steps)} steps, local model)",
+            "samples or calls": "—",
+            "prompt tokens": _num(p),
+            "completion tokens": _num(c),
+            "tokens per sample": "—",
+            "wall seconds": _num(None if steps is None or sps is None else steps * sps, 1),
+            "USD": "$0 (local)",
+        }
+    )
+    for label, s in (("API-GRPO", api), ("learned orchestrator", orch)):
+        cost = s.get("cost") or {}
+        seconds = s.get("seconds") or {}
+        calls, cached = cost.get("calls"), cost.get("cached_calls")
+        rows.append(
+            {
+                "method": label,
+                "phase": f"training + evaluation (backend {s.get('backend')})",
+                "samples or calls": f"{_num(calls)} calls + {_num(cached)} cached",
+                "prompt tokens": _num(cost.get("prompt_tokens")),
+                "completion tokens": _num(cost.get("completion_tokens")),
+                "tokens per sample": _num(cost.get("tokens_per_episode"), 1)
+                + (" per episode" if cost.get("tokens_per_episode") is not None else ""),
+                "wall seconds": _num(sum(v for v in seconds.values() if isinstance(v, int | float)), 1),
+                "USD": _usd(cost.get("usd_total", cost.get("usd"))),
+            }
+        )
+    return (
+        "<p>Tokens are totals over the run (prompt tokens of every call, completion tokens generated); API "
+        "methods count only uncached calls (cached answers are free). Wall seconds include the sandbox. "
+        "Local-model methods cost no USD; the API methods' USD comes from their price table.</p>"
+        + _table(rows)
+    )
+
+
+def _figures_section(figures: list[Path], out_dir: Path) -> str:
+    order = {name: i for i, name in enumerate(FIGURES)}
+    figures = sorted(figures, key=lambda f: (order.get(f.name, len(order)), f.name))
+    parts = []
+    for f in figures:
+        src = Path(os.path.relpath(f, out_dir)).as_posix()
+        caption = FIGURES.get(f.name, f.stem.replace("_", " "))
+        parts.append(
+            f'<figure id="fig-{html.escape(f.stem)}"><a href="{html.escape(src)}">'
+            f'<img src="{html.escape(src)}" alt="{html.escape(caption)}"></a>'
+            f"<figcaption><b>{html.escape(f.name)}</b>: {html.escape(caption)}</figcaption></figure>"
+        )
+    return "".join(parts)
+
+
+def _sample_html(r: dict, title: str, css: str = "", scheme: str | None = None) -> str:
+    levels = ", ".join(f"{lv} {_num(r.get(lv))}" for lv in ("structure", "syntax", "tests", "cooperation"))
+    reasons = r.get("reasons") or []
+    reasons_html = (
+        "<ul>" + "".join(f"<li>{html.escape(str(x))}</li>" for x in reasons) + "</ul>" if reasons else ""
+    )
+    return (
+        f'<div class="sample {css}"><h4>{html.escape(title)}</h4>'
+        f"<p>{html.escape(str(r.get('task_id')))}, sample {html.escape(str(r.get('sample')))}: joint reward "
+        f"<b>{_num(r.get('total'))}</b> ({levels}); {_num(r.get('passed'))}/{_num(r.get('total_asserts'))} "
+        f"asserts passed; scheme <code>{html.escape(str(scheme or r.get('scheme')))}</code>.</p>{reasons_html}"
+        f"<p>helper's answer</p>{_code(r.get('helper'))}<p>main's answer</p>{_code(r.get('main'))}</div>"
+    )
+
+
+def _records(reports: Path) -> dict[str, list[dict]]:
+    """Every evaluated sample: ``{method: records}``, methods named as in ``schemes_samples.jsonl``."""
+    out = {f.stem: _jsonl(f) for f in sorted((reports / "eval").glob("*.jsonl"))}
+    for f in sorted((reports / "baselines").glob("*.jsonl")):
+        out[f"baseline_{f.stem}"] = _jsonl(f)
+    return out
+
+
+def _rank(r: dict) -> tuple[float, int]:
+    """Order of samples: joint reward, then passed asserts."""
+    return float(r.get("total") or 0.0), int(r.get("passed") or 0)
+
+
+def _schemes_section(
+    schemes: dict, samples: list[dict] | None, records: dict[str, list[dict]], src: Path
+) -> str:
+    names = _get(schemes, "schemes", source=src)
+    dist = _get(schemes, "distribution", source=src)
+    table = [
+        {
+            "method": _label(m),
+            **{s: _num(d.get(s)) for s in names},
+            "samples": _num(schemes.get("samples", {}).get(m)),
+        }
+        for m, d in dist.items()
+    ]
+    head = "<p>Share of samples per scheme of main's code (test split).</p>" + _table(table)
+    if samples is None:
+        return head + f'<p class="note">No examples: {MISSING_SAMPLES}</p>'
+    by_key = {(m, str(r.get("task_id")), str(r.get("sample"))): r for m, rs in records.items() for r in rs}
+    preference = {"magrpo": 0, "base": 1}  # the trained agents first, then the base agents, then baselines
+    parts = []
+    for scheme in names:
+        parts.append(
+            f'<h3 id="scheme-{scheme}">{scheme}</h3><p>{html.escape(SCHEME_DESCRIPTIONS.get(scheme, ""))}'
+        )
+        candidates = []
+        for i, s in enumerate(samples):
+            if s.get("scheme") != scheme or s.get("method") not in records:
+                continue
+            r = by_key.get((s["method"], str(s.get("task_id")), str(s.get("sample"))))
+            if r is None:
+                raise ReportError(
+                    f"{src.parent / 'schemes_samples.jsonl'}: sample {s['method']} {s.get('task_id')} "
+                    f"#{s.get('sample')} is not in the method's file under reports/eval or reports/baselines"
+                )
+            candidates.append((preference.get(s["method"], 2), -_rank(r)[0], -_rank(r)[1], i, s["method"], r))
+        if not candidates:
+            seen = any(s.get("scheme") == scheme for s in samples)
+            parts.append(
+                f" {'Its samples are not available: ' + MISSING_SAMPLES if seen else 'No sample has this scheme.'}</p>"
+            )
+            continue
+        *_, method, r = min(candidates, key=lambda c: c[:4])
+        parts.append("</p>" + _sample_html(r, f"Example ({_label(method)})", scheme=scheme))
+    return head + "".join(parts)
+
+
+def _transcripts_section(reports: Path) -> str:
+    parts = []
+    for f in sorted((reports / "eval").glob("*.jsonl")):
+        rows = _jsonl(f)
+        if not rows:
+            continue
+        best, worst = max(rows, key=_rank), min(rows, key=_rank)
+        label = _label(f.stem)
+        parts.append(
+            f"<h3>{html.escape(label)}</h3>"
+            + _sample_html(best, f"Best of {len(rows)} samples ({label})")
+            + _sample_html(worst, f"Worst of {len(rows)} samples ({label})", "worst")
+        )
+    if not parts:
+        return f'<p class="note">No transcripts: {MISSING_SAMPLES}</p>'
+    return "<p>Highest and lowest joint reward (ties: more passed asserts, then the first).</p>" + "".join(
+        parts
+    )
+
+
+# ---------------------------------------------------------------- the page
+
+
+def write_report(root: Path = Path("."), out: Path = Path("reports/index.html")) -> Path:
+    """Write the HTML report of ``root/reports/`` to ``out`` (relative to ``root`` unless absolute).
+
+    Returns the path written. Links to figures and data files are relative to ``out``'s folder, so ``out``
+    belongs inside ``root/reports/`` (or a copy of it) for them to resolve.
+
+    The per-sample files (``eval/*.jsonl``, ``baselines/*.jsonl``, ``schemes_samples.jsonl``) are DVC outputs
+    kept out of git: in a checkout without them the scheme examples and transcripts are replaced by a note
+    saying so (the ``plot`` stage always has them: they are its deps). Every other input is required.
+
+    Raises:
+        ReportError: an input is missing or malformed (one line naming the file, or key), a sample of
+            ``schemes_samples.jsonl`` is not in its method's file, or there is no figure under
+            ``reports/figures/``.
+    """
+    root = Path(root)
+    out = out if out.is_absolute() else root / out
+    reports = root / "reports"
+    src = {
+        "metrics": reports / "metrics.json",
+        "schemes": reports / "schemes.json",
+        "schemes_samples": reports / "schemes_samples.jsonl",
+        "magrpo": reports / "train" / "magrpo.json",
+        "api_grpo": reports / "api_grpo" / "summary.json",
+        "orchestrator": reports / "orchestrator" / "summary.json",
+    }
+    metrics = _json(src["metrics"])
+    _get(metrics, "methods", source=src["metrics"])
+    schemes = _json(src["schemes"])
+    # per-sample files are DVC-cached, not in git: the page says so when a checkout lacks them
+    samples = _jsonl(src["schemes_samples"]) if src["schemes_samples"].exists() else None
+    train, api, orch = _json(src["magrpo"]), _json(src["api_grpo"]), _json(src["orchestrator"])
+    figures = sorted((reports / "figures").glob("*.png"))
+    if not figures:
+        raise ReportError(f"no figure in {reports / 'figures'} (run the plot stage)")
+    records = _records(reports)
+
+    sections = [
+        ("metrics", "Methods on the test split", _metrics_section(metrics, src["metrics"])),
+        ("magrpo", "MAGRPO: training gain", _magrpo_section(train, src["magrpo"])),
+        ("api-grpo", "API-GRPO: with vs without learned behaviours", _api_grpo_section(api, src["api_grpo"])),
+        (
+            "orchestrator",
+            "Learned orchestrator vs fixed pipelines",
+            _orchestrator_section(orch, src["orchestrator"]),
+        ),
+        ("cost", "Cost per method", _cost_section(metrics, reports, train, api, orch)),
+        ("figures", "Figures", _figures_section(figures, out.parent)),
+        ("schemes", "Cooperation schemes", _schemes_section(schemes, samples, records, src["schemes"])),
+        ("transcripts", "Best and worst transcripts", _transcripts_section(reports)),
+    ]
+    links = "".join(
+        f'<li><a href="{html.escape(Path(os.path.relpath(p, out.parent)).as_posix())}">'
+        f"{html.escape(p.relative_to(reports).as_posix())}</a></li>"
+        for p in [*src.values(), *sorted((reports / "eval").glob("*.jsonl"))]
+        if p.exists()
+    )
+    nav = "".join(f'<li><a href="#{sid}">{html.escape(title)}</a></li>' for sid, title, _ in sections)
+    body = "".join(f'<section id="{sid}"><h2>{html.escape(t)}</h2>{s}</section>' for sid, t, s in sections)
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>Orchestry report</title><style>{CSS}</style></head><body>"
+        "<h1>Orchestry report</h1>"
+        '<p class="note">Made by the <code>plot</code> stage (<code>orchestry.report.write_report</code>) from '
+        "the pipeline's outputs under <code>reports/</code>; re-made by <code>dvc repro</code>.</p>"
+        f"<nav><ul>{nav}</ul></nav>{body}"
+        f'<section id="sources"><h2>Source files</h2><ul>{links}</ul></section>'
+        "</body></html>\n"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out

@@ -1,0 +1,287 @@
+"""reports/index.html (orchestry.report): built from the repository's real reports/, opened in headless Chromium.
+
+Every test works on a copy of reports/ under tmp_path; the repository's reports/ is never written, except
+``reports/screenshots/index.png`` when ``ORCHESTRY_SAVE_SCREENSHOT=1`` (a 1280 x 6000 screenshot of the page).
+The browser tests need Debian's ``chromium`` (``make setup`` installs it as root) and skip without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from html import escape
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+import yaml
+
+from orchestry.report import FIGURES, ReportError, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian package `chromium`)")
+PER_SAMPLE = ("eval", "baselines", "schemes_samples.jsonl")  # DVC outputs kept out of git
+
+
+def _copy_reports(dst: Path) -> Path:
+    """A copy of the repository's reports/ (without a previous index.html or screenshots) under ``dst``."""
+    src = ROOT / "reports"
+    assert (src / "metrics.json").is_file(), "the repository has no reports/metrics.json"
+    shutil.copytree(src, dst / "reports", ignore=shutil.ignore_patterns("index.html", "screenshots"))
+    return dst / "reports"
+
+
+class _Page(HTMLParser):
+    """Image sources, link targets and element ids of an HTML page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.links: list[str] = []
+        self.ids: set[str] = set()
+        self.scripts = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.add(a["id"])
+        if tag == "img":
+            self.images.append(a.get("src") or "")
+        elif tag == "a" and a.get("href") is not None:
+            self.links.append(a["href"])
+        elif tag == "script":
+            self.scripts += 1
+
+
+def _parse(page: Path) -> _Page:
+    p = _Page()
+    p.feed(page.read_text(encoding="utf-8"))
+    return p
+
+
+def broken_references(page: Path) -> list[str]:
+    """Every ``<img src>`` and ``<a href>`` of ``page`` that is not an existing file (relative to the page's
+    folder) or an id of the page; anything with a scheme or host (network) counts as broken."""
+    parsed = _parse(page)
+    bad = []
+    for kind, refs in (("img", parsed.images), ("a", parsed.links)):
+        for ref in refs:
+            url = urlparse(ref)
+            if url.scheme or url.netloc or not (url.path or url.fragment):
+                bad.append(f"{kind} {ref!r}: not a relative link")
+            elif not url.path:
+                if url.fragment not in parsed.ids:
+                    bad.append(f"{kind} {ref!r}: no element with this id")
+            elif not (page.parent / unquote(url.path)).is_file():
+                bad.append(f"{kind} {ref!r}: no such file")
+    return bad
+
+
+# a test-only script: after load, the page lists each image's natural width (0 when it did not load)
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const out = document.createElement("pre");
+  out.id = "image-probe";
+  out.textContent = JSON.stringify(Array.from(document.images, (i) => [i.getAttribute("src"), i.naturalWidth]));
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        f"--user-data-dir={tmp / 'chromium-profile'}",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
+
+
+def image_widths(page: Path, tmp: Path) -> list[tuple[str, int]]:
+    """``(src, naturalWidth)`` of every image of ``page`` as Chromium loaded it from disk."""
+    probe = page.with_name(page.stem + ".probe.html")  # same folder, so relative links resolve the same
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    try:
+        run = _chromium(tmp, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
+    finally:
+        probe.unlink()
+    m = re.search(r'<pre id="image-probe">(.*?)</pre>', run.stdout, re.S)
+    assert m, f"chromium did not run the probe (exit {run.returncode}): {run.stderr[-500:]}"
+    return [(src, int(w)) for src, w in json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """reports/index.html made from a copy of the repository's reports/."""
+    tmp = tmp_path_factory.mktemp("report")
+    _copy_reports(tmp)
+    return write_report(tmp)
+
+
+def test_report_has_every_section_figure_and_method(built):
+    html = built.read_text(encoding="utf-8")
+    parsed = _parse(built)
+    reports = built.parent
+    metrics = json.loads((reports / "metrics.json").read_text())
+    for sid in ("metrics", "magrpo", "api-grpo", "orchestrator", "cost", "figures", "schemes", "transcripts"):
+        assert sid in parsed.ids, f"no section {sid}"
+    figures = sorted(f"figures/{f.name}" for f in (reports / "figures").glob("*.png"))
+    assert sorted(parsed.images) == figures  # every figure, once each
+    for name in ("learning_curves.png", "scheme_evolution.png"):  # per-level curves, scheme evolution
+        assert f"figures/{name}" in figures and escape(FIGURES[name]) in html
+    m = metrics["methods"]["magrpo"]
+    ci = f"{m['reward']:.2f} [{m['reward_ci_low']:.2f}, {m['reward_ci_high']:.2f}]"
+    assert ci in html  # the metrics table shows the interval from metrics.json
+    for label in ("MAGRPO-trained agents", "base agents (no training)", "API-GRPO", "learned orchestrator"):
+        assert label in html
+    assert parsed.scripts == 0 and "http://" not in html and "https://" not in html  # self-contained
+    assert html.count("Best of ") >= 1 and html.count("Worst of ") >= 1
+    for scheme in json.loads((reports / "schemes.json").read_text())["schemes"]:
+        assert f'id="scheme-{scheme}"' in html
+
+
+def test_report_shows_one_example_of_each_scheme_seen(built):
+    reports = built.parent
+    html = built.read_text(encoding="utf-8")
+    seen = {
+        r["scheme"] for r in map(json.loads, (reports / "schemes_samples.jsonl").read_text().splitlines())
+    }
+    for scheme in seen:
+        section = html.split(f'id="scheme-{scheme}"')[1].split("<h3")[0]
+        assert "Example (" in section and f"scheme <code>{scheme}</code>" in section
+
+
+def test_every_image_and_link_resolves(built):
+    assert broken_references(built) == []
+    parsed = _parse(built)
+    assert len(parsed.images) >= len(FIGURES) and any(h.endswith("metrics.json") for h in parsed.links)
+
+
+def test_a_broken_image_or_link_is_detected(built, tmp_path):
+    page = built.read_text(encoding="utf-8")
+    bad = built.with_name("bad.html")
+    bad.write_text(
+        page.replace('src="figures/methods.png"', 'src="figures/missing.png"', 1).replace(
+            'href="#cost"', 'href="#nowhere"', 1
+        ),
+        encoding="utf-8",
+    )
+    try:
+        assert broken_references(bad) == [
+            "img 'figures/missing.png': no such file",
+            "a '#nowhere': no element with this id",
+        ]
+    finally:
+        bad.unlink()
+
+
+@needs_chromium
+def test_chromium_loads_every_image_and_saves_a_screenshot(built, tmp_path):
+    widths = image_widths(built, tmp_path)
+    assert sorted(src for src, _ in widths) == sorted(_parse(built).images)
+    assert all(w > 0 for _, w in widths), f"images that did not load: {[s for s, w in widths if w == 0]}"
+    shot = tmp_path / "index.png"
+    run = _chromium(tmp_path, "--window-size=1280,6000", f"--screenshot={shot}", built.as_uri())
+    assert shot.is_file(), f"no screenshot (exit {run.returncode}): {run.stderr[-500:]}"
+    from PIL import Image
+
+    with Image.open(shot) as im:
+        assert im.size == (1280, 6000)
+        assert len(im.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 100  # text and figures, not blank
+    if os.environ.get("ORCHESTRY_SAVE_SCREENSHOT") == "1":
+        dst = ROOT / "reports" / "screenshots" / "index.png"
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, dst)
+
+
+@needs_chromium
+def test_chromium_check_catches_an_image_that_does_not_load(built, tmp_path):
+    bad = built.with_name("broken.html")
+    bad.write_text(
+        built.read_text(encoding="utf-8").replace(
+            'src="figures/methods.png"', 'src="figures/missing.png"', 1
+        ),
+        encoding="utf-8",
+    )
+    try:
+        widths = dict(image_widths(bad, tmp_path))
+    finally:
+        bad.unlink()
+    assert widths["figures/missing.png"] == 0
+    assert widths["figures/learning_curves.png"] > 0
+
+
+def test_without_the_per_sample_files_the_page_says_so(tmp_path):
+    reports = _copy_reports(tmp_path)
+    for name in PER_SAMPLE:
+        p = reports / name
+        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    page = write_report(tmp_path, Path("reports/index.html"))
+    html = page.read_text(encoding="utf-8")
+    assert "No transcripts:" in html and "No examples:" in html and "dvc pull" in html
+    assert broken_references(page) == []  # no link to the absent files
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda r: (r / "metrics.json").unlink(), r"missing input .*reports/metrics\.json$"),
+        (lambda r: (r / "train/magrpo.json").write_text("{not json"), r"cannot read .*train/magrpo\.json: "),
+        (
+            lambda r: (r / "metrics.json").write_text('{"intervals": {}}'),
+            r"metrics\.json: missing key methods$",
+        ),
+        (lambda r: [f.unlink() for f in (r / "figures").glob("*.png")], r"no figure in .*figures"),
+    ],
+    ids=["missing", "malformed", "missing-key", "no-figures"],
+)
+def test_bad_input_is_one_clear_line(tmp_path, damage, message):
+    reports = _copy_reports(tmp_path)
+    damage(reports)
+    with pytest.raises(ReportError, match=message) as e:
+        write_report(tmp_path)
+    assert "\n" not in str(e.value)
+    assert not (reports / "index.html").exists()
+
+
+def _run_plot_stage(cwd: Path) -> subprocess.CompletedProcess:
+    """stages/plot.py in ``cwd`` (its own params.yaml, reports/ and MLflow store ``cwd/mlflow.db``)."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["plot"]["dpi"] = 50  # the lowest allowed: smaller figures, same code path
+    (cwd / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {**os.environ, "MLFLOW_ENABLE_ASYNC_LOGGING": "false", "OMP_NUM_THREADS": "1"}
+    env.pop("DVC_ROOT", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [sys.executable, str(ROOT / "stages/plot.py")]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240, check=False)
+
+
+def test_plot_stage_fails_in_one_line_when_the_report_cannot_be_built(tmp_path):
+    """The real stage (its success is covered by tests/test_pipeline.py's dvc repro): the figures are made,
+    then a report that cannot be built fails the stage, exit 1, with one error line naming the bad input."""
+    reports = _copy_reports(tmp_path)
+    (reports / "schemes_samples.jsonl").write_text("{broken\n")
+    for f in (reports / "figures").glob("*.png"):
+        f.unlink()
+    run = _run_plot_stage(tmp_path)
+    err = run.stderr
+    assert run.returncode == 1, err[-2000:]
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith("error: reports/index.html not built: cannot read reports/schemes_samples.jsonl: ")
+    )
+    assert "Traceback" not in err
+    assert not (reports / "index.html").exists()
+    assert set(FIGURES) <= {f.name for f in (reports / "figures").glob("*.png")}  # the stage got that far
