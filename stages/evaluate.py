@@ -8,6 +8,7 @@ import mlflow
 
 from orchestry.baselines import run_method
 from orchestry.metrics import summarize
+from orchestry.mlflow_models import log_samples_table
 from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, read_jsonl, start_stage, write_json, write_jsonl
 from orchestry.tracking import log_metrics, stage_run
@@ -42,11 +43,13 @@ def main() -> None:
                 methods[name] = summary
                 write_jsonl(f"reports/eval/{name}.jsonl", recs)
                 mlflow.log_artifact(f"reports/eval/{name}.jsonl", "samples")
+                log_samples_table(recs, f"samples/eval_{name}.json")  # per-sample table (mlflow.load_table)
                 log_metrics({f"{name}/{k}": v for k, v in summary.items()})
         for path in sorted(Path("reports/baselines").glob("*.jsonl")):
             recs = read_jsonl(path)
             ks_b = sorted({1, params.baselines.num_samples})
             methods[f"baseline_{path.stem}"] = summarize(recs, ks_b, iv.confidence, iv.resamples)
+            log_samples_table(recs, f"samples/eval_baseline_{path.stem}.json")
         report = {
             "test_problems": len(problems),
             "samples_per_problem": cfg.num_samples,

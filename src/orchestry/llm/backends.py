@@ -8,7 +8,8 @@ samples them in as few batched ``generate`` calls as possible; the API backends 
 * ``anthropic``: the Messages API (``POST /v1/messages``) through ``anthropic.Anthropic``; retries (429, 5xx,
   connection errors, with the server's ``retry-after``) and timeouts are the SDK's, configured with
   ``max_retries`` and ``timeout``. The SDK (>= 2) has no sampling arguments and recent Claude models reject
-  them, so temperature/top_p are only sent (as ``extra_body``) when set explicitly.
+  them, so temperature/top_p are only sent (as ``extra_body``) when set explicitly. Inside a stage's MLflow run
+  every call is traced by MLflow's Anthropic autologging (:func:`enable_mlflow_tracing`).
 * ``openai_compatible``: ``POST {base_url}/chat/completions`` (vLLM, Ollama, llama.cpp server, OpenAI, ...)
   with the standard library's HTTP client, so no extra dependency; it retries 408/409/429/5xx and connection
   errors ``max_retries`` times with the same backoff policy as the Anthropic SDK (``Retry-After`` honoured,
@@ -28,6 +29,7 @@ import json
 import logging
 import os
 import random
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -185,6 +187,40 @@ class _Base:
         return None
 
 
+_TRACING_LOCK = threading.Lock()
+
+
+def enable_mlflow_tracing(sdk: str) -> bool:
+    """Trace the calls of an API ``sdk`` (``"anthropic"``) with MLflow's autologging (``mlflow.<sdk>.autolog()``)
+    when an MLflow run is active in any thread (a stage's :func:`orchestry.tracking.stage_run`); each call
+    becomes a trace (request, response, tokens, latency) linked to the run, shown in the run's Traces tab.
+
+    No network access of its own: MLflow's download of its model price catalog is turned off
+    (``MLFLOW_MODEL_CATALOG_URI`` set empty unless already set). Never raises: without an active run, or if this
+    MLflow cannot trace the SDK, returns False (logged as a warning in the second case) and the calls run
+    untraced. The OpenAI-compatible backend speaks HTTP with the standard library, not the ``openai`` SDK, so
+    MLflow has nothing to patch there.
+    """
+    try:
+        import importlib
+
+        import mlflow
+
+        # the run of the stage's main thread; the response cache sends requests from worker threads, where
+        # mlflow.active_run() (thread-local) is None: MLflow's own tracing looks the run up the same way
+        latest = getattr(mlflow.tracking.fluent, "_get_latest_active_run", lambda: None)
+        if mlflow.active_run() is None and latest() is None:
+            return False
+        # MLflow's tracing prices calls from a model catalog it downloads from GitHub: the run stays offline
+        # (its costs come from orchestry.llm.cost) unless the user sets MLFLOW_MODEL_CATALOG_URI
+        os.environ.setdefault("MLFLOW_MODEL_CATALOG_URI", "")
+        importlib.import_module(f"mlflow.{sdk}").autolog(log_traces=True, silent=True)
+        return True
+    except Exception as e:  # tracing is an extra: it must never stop a stage
+        log.warning("MLflow tracing of %s calls is off (%s: %s)", sdk, type(e).__name__, e)
+        return False
+
+
 # -------------------------------------------------------------------------------------------------------------
 # Anthropic
 # -------------------------------------------------------------------------------------------------------------
@@ -231,6 +267,7 @@ class AnthropicChat(_Base):
         self.client = anthropic.Anthropic(
             api_key=key, base_url=base_url, max_retries=max_retries, timeout=timeout_s
         )
+        self.traced = False  # MLflow tracing of the SDK's calls is on (see complete_batch)
 
     def identity(self) -> dict:
         """Backend, model, the server actually used (``base_url``, ``ANTHROPIC_BASE_URL`` or the SDK's default)
@@ -259,6 +296,15 @@ class AnthropicChat(_Base):
             ) from None
         except a.APIStatusError as e:  # e.g. a proxy without /v1/models: not fatal
             log.warning("preflight: GET /v1/models answered %s; continuing", e.status_code)
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
+        """As :meth:`_Base.complete_batch`; the first call made while an MLflow run is active (a stage's run:
+        the stages open their clients before it) turns on tracing of the SDK's calls
+        (:func:`enable_mlflow_tracing`), so each request becomes a trace linked to that run."""
+        if not self.traced:
+            with _TRACING_LOCK:  # the response cache calls this from several threads at once
+                self.traced = self.traced or enable_mlflow_tracing("anthropic")
+        return super().complete_batch(requests)
 
     def _one(self, request: ChatRequest) -> ChatResult:
         t0 = time.time()
