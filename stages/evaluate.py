@@ -1,12 +1,11 @@
 """Stage `evaluate`: base agents vs MAGRPO-trained adapters on the test split; gathers every method's metrics."""
 
 import json
-import time
 from pathlib import Path
 
 import mlflow
 
-from orchestry.baselines import run_method
+from orchestry.evaluation import evaluate_agents
 from orchestry.metrics import summarize
 from orchestry.mlflow_models import log_samples_table
 from orchestry.problems import read_problems
@@ -20,26 +19,14 @@ def main() -> None:
     params = start_stage("evaluate")
     cfg = params.evaluate
     problems = read_problems("data/problems/test.jsonl")[: cfg.max_problems]
-    ks = sorted({1, cfg.num_samples})
     iv = params.intervals
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
     methods: dict[str, dict] = {}
     with stage_run("evaluate", logged, params.mlflow.experiment):
         model, tok = load_policy(params, with_adapters=str(ADAPTERS))
         with open_sandbox(params) as sb:
-            for name, use_adapters in (("base", False), ("magrpo", True)):
-                t0 = time.time()
-                if use_adapters:
-                    recs = run_method("magrpo", problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed,
-                                      cfg.batch_size, adapters=True)  # fmt: skip
-                else:
-                    with model.disable_adapter():
-                        recs = run_method("concat", problems, model, tok, sb, params.sampling, cfg.num_samples,
-                                          cfg.seed, cfg.batch_size)  # fmt: skip
-                    for r in recs:
-                        r["method"] = "base"
-                summary = summarize(recs, ks, iv.confidence, iv.resamples)
-                summary["seconds"] = time.time() - t0
+            for name, recs, summary in evaluate_agents(problems, model, tok, sb, params.sampling, cfg.num_samples,
+                                                       cfg.seed, cfg.batch_size, iv):  # fmt: skip
                 methods[name] = summary
                 write_jsonl(f"reports/eval/{name}.jsonl", recs)
                 mlflow.log_artifact(f"reports/eval/{name}.jsonl", "samples")

@@ -4,66 +4,24 @@ Uses the real embedded model, the real sandbox, real DVC and a real sqlite MLflo
 """
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from orchestry.smoke import clean_env, make_micro_repo, run, run_repro
 
 ROOT = Path(__file__).resolve().parents[1]
-COPY = ["dvc.yaml", "params.yaml", "stages", "src", "pyproject.toml"]
-
-MICRO = {
-    "sampling": {"max_completion_length": 24},
-    "baselines": {"max_problems": 2, "num_samples": 1},
-    "train_magrpo": {"num_steps": 2, "problems_per_step": 1, "num_generations": 2, "max_problems": 2,
-                     "checkpoint_every": 1},
-    "evaluate": {"max_problems": 2, "num_samples": 2},
-    "train_orchestrator": {"num_episodes": 2, "episodes_per_update": 2, "max_problems": 1, "max_problems_eval": 1,
-                           "max_tokens": 24, "min_steps": 1, "max_steps": 2},
-}  # fmt: skip
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(base.get(k, {}), v) if isinstance(v, dict) else v
-    return out
-
-
-def _run(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
-    assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
-    return res
 
 
 @pytest.mark.slow
 def test_dvc_repro_micro_pipeline(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for name in COPY:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(src, repo / name)
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    micro = _merge(params, MICRO)
-    if "api_grpo" in params:
-        micro["api_grpo"] = _merge(params["api_grpo"], {"num_episodes": 1, "max_problems_eval": 1})
-    (repo / "params.yaml").write_text(yaml.safe_dump(micro, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if k not in ("DVC_ROOT", "DVC_EXP_NAME")}
-    env.update(HF_HUB_OFFLINE="1", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    _run(["git", "init", "-q"], repo, env)
-    _run([sys.executable, "-m", "dvc", "init", "-q"], repo, env)
-    _run([*git, "add", "-A"], repo, env)
-    _run([*git, "commit", "-qm", "micro"], repo, env)
+    env = clean_env()
+    repo = make_micro_repo(
+        ROOT, tmp_path / "repo", env
+    )  # what `orchestry smoke` runs: micro params, own git + DVC
 
-    _run([sys.executable, "-m", "dvc", "repro"], repo, env)
+    run_repro(repo, env)
 
     for out in [
         "data/problems/train.jsonl",
@@ -121,7 +79,7 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     assert artifacts == {"adapters/helper", "adapters/main"}
 
     # nothing changed: every stage is skipped
-    res = _run([sys.executable, "-m", "dvc", "repro"], repo, env)
-    assert "Running stage" not in res.stdout, res.stdout
-    status = _run([sys.executable, "-m", "dvc", "status"], repo, env)
-    assert "up to date" in status.stdout.lower(), status.stdout
+    rerun = run_repro(repo, env)
+    assert "Running stage" not in rerun, rerun
+    status = run([sys.executable, "-m", "dvc", "status"], repo, env)
+    assert "up to date" in status.lower(), status

@@ -1,16 +1,23 @@
-"""The ``orchestry`` command line (console script ``orchestry = "orchestry.cli:app"``).
+"""The ``orchestry`` command line (console script ``orchestry = "orchestry.cli:app"``; ``orchestry --help``).
 
-A multi-command typer app: ``orchestry score ...`` today; later stages add their commands to ``app``.
+Commands: ``score`` (level reward of completions in a file), ``evaluate`` (base vs trained agents on any
+HumanEval-format file, the ``evaluate`` stage's metrics), ``compare`` (pipeline executions and their key metrics
+from MLflow), ``show-best`` (best and worst transcripts), ``ui`` (the MLflow UI on the project's store),
+``smoke`` (the whole pipeline with micro params in a temporary copy), ``report`` (``reports/index.html``),
+``seeds`` (DVC experiments aggregated over seeds).
 
 Errors are one line on stderr (``error: --option: what is wrong``), whatever ``--quiet`` says: exit code 2
-for a bad option value or an unusable file, 1 for anything else; ``--debug`` also prints the traceback.
+for a bad option value or an unusable file, 1 for anything else; ``--debug`` (global, ``orchestry --debug CMD``,
+or after a command) also prints the traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, get_args
 
@@ -69,17 +76,51 @@ app = typer.Typer(
 )
 
 
+_STATE = {"debug": False}  # the global --debug of this invocation (set by the callback on every invocation)
+Debug = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show the traceback of an error (any command).")
+    ] = False,
+) -> None:
     """Orchestry: reproducible multi-agent RL experiments on HumanEval."""
+    _STATE["debug"] = debug
 
 
 def _fail(message: str, code: int, debug: bool) -> NoReturn:
-    """One ``error:`` line on stderr (after the traceback with ``--debug``), then exit ``code``."""
-    if debug:
+    """One ``error:`` line on stderr (after the traceback with ``--debug``), then exit ``code``.
+
+    A multi-line message (e.g. one line per bad key of params.yaml) is joined into one line with ``; ``.
+    """
+    if debug or _STATE["debug"]:
         traceback.print_exc(file=sys.stderr)
-    typer.echo(f"error: {message}", err=True)
+    first, *rest = [line.strip() for line in message.splitlines() if line.strip()] or [""]
+    typer.echo(f"error: {first}" + (" " + "; ".join(rest) if rest else ""), err=True)
     raise typer.Exit(code=code)
+
+
+@contextlib.contextmanager
+def _errors(
+    debug: bool, *bad_input: tuple[type[BaseException] | tuple[type[BaseException], ...], str]
+) -> Iterator:
+    """Turn exceptions into one ``error:`` line: ``(types, prefix)`` pairs are bad input (exit code 2, the
+    message after ``prefix``, e.g. ``"--problems: "``; an exception with an ``option`` attribute, such as
+    :class:`orchestry.scoring.FileOptionError`, names ``--<option>`` when ``prefix`` is empty), any other
+    exception exit code 1."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        for types, prefix in bad_input:
+            if isinstance(e, types):
+                if not prefix and getattr(e, "option", None):
+                    prefix = f"--{e.option}: "
+                _fail(f"{prefix}{e}", 2, debug)
+        _fail(f"{type(e).__name__}: {e} (run with --debug for the traceback)", 1, debug)
 
 
 @app.command()
@@ -241,6 +282,387 @@ def seeds(
         s.add_row(k.replace("metric:", ""), str(row["n_seeds"]), f"{row['mean']:.3f}",
                   f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]", "yes" if row["excludes_zero"] else "no")  # fmt: skip
     console.print(s)
+
+
+def _load_params(path: Path | None):
+    """``path`` validated (``params.yaml`` when ``None`` and it exists; else every default)."""
+    from orchestry.config import Params, load_params
+
+    if path is None:
+        path = Path("params.yaml")
+        if not path.exists():
+            return Params()
+    return load_params(path)
+
+
+def _out_file(path: Path | None, option: str) -> None:
+    from orchestry.scoring import FileOptionError
+
+    if path is not None and (path.is_dir() or (path.exists() and not path.is_file())):
+        raise FileOptionError(option.removeprefix("--"), f"{path} is not a regular file")
+
+
+@app.command()
+def evaluate(
+    problems: Annotated[
+        str,
+        typer.Option(
+            help="Problems: a HumanEval-format JSON list or JSONL file (.gz ok), or 'humaneval' (164)."
+        ),
+    ],
+    adapters: Annotated[
+        Path,
+        typer.Option(help="Folder with the trained peft adapters helper/ and main/ (train_magrpo's output)."),
+    ] = Path("models/adapters/magrpo"),
+    model: Annotated[
+        str | None, typer.Option(help="Base model folder (default: model.path of the params).")
+    ] = None,
+    params: Annotated[
+        Path | None,
+        typer.Option(
+            help="params.yaml for sampling, sandbox, intervals and evaluate's seed/batch size "
+            "(default: ./params.yaml if present, else the defaults)."
+        ),  # fmt: skip
+    ] = None,
+    num_samples: Annotated[
+        int | None,
+        typer.Option(min=1, max=1000, help="Samples per problem, the k of pass@k (default: evaluate's)."),
+    ] = None,
+    max_problems: Annotated[
+        int | None, typer.Option(min=1, help="Only the first N problems of the file (default: all).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write the metrics as JSON (metrics.json's layout).")
+    ] = None,
+    samples: Annotated[
+        Path | None, typer.Option(help="Folder for the per-sample records base.jsonl and magrpo.jsonl.")
+    ] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress or table (errors are always shown).")
+    ] = False,
+    debug: Debug = False,
+) -> None:
+    """Score the base agents and the trained agents (the evaluate stage's metrics) on a HumanEval-format file.
+
+    Both pairs share one base model and the same sampling seed; the base pair runs with the adapters disabled.
+    Metrics per pair: pass@1 and pass@k, accuracy@k, mean reward (max 4.0) with its bootstrap interval over
+    problems, each reward level, cooperation rate, aux-call rates, tokens. Exit code 2 on a missing or invalid
+    problems file, an adapters folder without helper/main adapters, a missing model or invalid params.
+    """
+    import random
+
+    from rich.console import Console
+
+    from orchestry.config import ParamsError
+    from orchestry.evaluation import AdaptersError, check_adapters, evaluate_agents
+    from orchestry.problems import ProblemFormatError, load_problems
+    from orchestry.runtime import load_policy, open_sandbox, write_json, write_jsonl
+    from orchestry.sandbox import SandboxError
+    from orchestry.scoring import FileOptionError
+
+    console = Console(stderr=True, quiet=quiet)
+    with _errors(
+        debug,
+        (ProblemFormatError, "--problems: "),
+        (AdaptersError, "--adapters: "),
+        (ParamsError, "--params: "),
+        (FileOptionError, ""),
+    ):
+        _out_file(out, "--out")
+        if out is not None and Path(problems).exists() and out.resolve() == Path(problems).resolve():
+            raise FileOptionError("out", f"{out} is the problems file (the inputs are never written)")
+        if samples is not None and samples.exists() and not samples.is_dir():
+            raise FileOptionError("samples", f"{samples} is not a folder")
+        probs = load_problems(problems)[:max_problems]
+        cfg = _load_params(params)
+        if model is not None:
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": model})})
+        if not (Path(cfg.model.path) / "config.json").is_file():
+            raise FileOptionError("model", f"no model at {cfg.model.path} (a folder with config.json and weights; "
+                                  "`dvc repro prepare` writes models/base)")  # fmt: skip
+        check_adapters(adapters)
+        k = num_samples or cfg.evaluate.num_samples
+        console.print(f"{len(probs)} problems x {k} samples, base vs {adapters}", highlight=False)
+        import torch
+
+        torch.manual_seed(0)  # as orchestry.runtime.start_stage (sampling itself is seeded per call)
+        random.seed(0)
+        policy, tok = load_policy(cfg, with_adapters=str(adapters))
+        methods: dict[str, dict] = {}
+        try:
+            with open_sandbox(cfg) as sb:
+                e = cfg.evaluate
+                for name, recs, summary in evaluate_agents(
+                    probs, policy, tok, sb, cfg.sampling, k, e.seed, e.batch_size, cfg.intervals, not quiet
+                ):
+                    methods[name] = summary
+                    if samples is not None:
+                        write_jsonl(samples / f"{name}.jsonl", recs)
+        except SandboxError as err:
+            raise RuntimeError(f"sandbox: {err}") from err
+        report = {
+            "problems_file": str(problems),
+            "adapters": str(adapters),
+            "model": cfg.model.path,
+            "test_problems": len(probs),
+            "samples_per_problem": k,
+            "intervals": cfg.intervals.model_dump(),
+            "methods": methods,
+        }
+        if out is not None:
+            write_json(out, report)
+    if not quiet:
+        _print_methods(methods, k, cfg.intervals.confidence, out)
+
+
+def _print_methods(methods: dict[str, dict], k: int, confidence: float, out: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="orchestry evaluate" + (f" -> {out}" if out else ""))
+    table.add_column("metric")
+    for name in methods:
+        table.add_column(name, justify="right")
+    rows = [("problems", "n_problems", "{:.0f}"), ("samples", "n_samples", "{:.0f}")]
+    rows += [(f"pass@{j}", f"pass@{j}", "{:.3f}") for j in sorted({1, k})]
+    rows += [(f"accuracy@{j}", f"accuracy@{j}", "{:.3f}") for j in sorted({1, k})]
+    rows += [(lv, lv, "{:.3f}") for lv in ("structure", "syntax", "tests", "cooperation")]
+    rows += [("cooperation rate", "cooperation_rate", "{:.3f}"), ("main calls aux", "aux_called_rate", "{:.3f}"),
+             ("completion tokens / sample", "completion_tokens", "{:.0f}"), ("seconds", "seconds", "{:.1f}")]  # fmt: skip
+    cells = []
+    for m in methods.values():
+        lo, hi = m.get("reward_ci_low"), m.get("reward_ci_high")
+        ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
+        cells.append(f"{m.get('reward', float('nan')):.3f}{ci}")
+    table.add_row(f"reward (max 4.0, {confidence:.0%} CI)", *cells)
+    for label, key, fmt in rows:
+        table.add_row(
+            label, *(fmt.format(m[key]) if m.get(key) is not None else "-" for m in methods.values())
+        )
+    Console().print(table)
+
+
+@app.command()
+def compare(
+    experiment: Annotated[str, typer.Option(help="MLflow experiment.")] = "orchestry",
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Metric as stage:name (e.g. evaluate:magrpo/reward) or name; repeatable. Default: "
+            "trained and base test reward, cooperation rate, pass@1, MAGRPO's training reward."
+        ),  # fmt: skip
+    ] = None,
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow store (default: sqlite:///<repo root>/mlflow.db).")
+    ] = None,
+    csv: Annotated[Path | None, typer.Option(help="Also write the table as CSV.")] = None,
+    limit: Annotated[
+        int, typer.Option(min=1, help="Newest N executions in the table (the CSV has all).")
+    ] = 20,
+    debug: Debug = False,
+) -> None:
+    """One row per pipeline execution (DVC experiment / parent run) from MLflow, with its key metrics."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestry.compare import DEFAULT_METRICS, CompareError, executions, load_runs
+    from orchestry.scoring import FileOptionError
+    from orchestry.tracking import tracking_uri as default_uri
+
+    with _errors(debug, (CompareError, ""), (FileOptionError, "")):
+        _out_file(csv, "--csv")
+        runs = load_runs(experiment, tracking_uri or default_uri())
+        table = executions(runs, metric or DEFAULT_METRICS, strict=bool(metric))
+        if csv is not None:
+            csv.parent.mkdir(parents=True, exist_ok=True)
+            table.to_csv(csv, index=False)
+    shown = table.head(limit)
+    if not shown.empty and (shown["params_hash"] == "").all():
+        shown = shown.drop(columns="params_hash")
+    t = Table(
+        title=f"{experiment}: {len(table)} pipeline executions, newest first", caption=_compare_caption(table)
+    )
+    for c in shown.columns:
+        header = c.split(":", 1)[-1].replace("/", "/\n", 1).replace("summary/\n", "")
+        t.add_column(header, justify="left" if c in ("execution", "git_revision", "status") else "right")
+    for _, row in shown.iterrows():
+        cells = []
+        for c, v in row.items():
+            if c == "started":
+                cells.append(v.strftime("%m-%d %H:%M") if hasattr(v, "strftime") else str(v))
+            elif c in ("git_revision", "params_hash"):
+                cells.append(str(v)[:8] + ("+dirty" if str(v).endswith("+dirty") else ""))
+            elif isinstance(v, float):
+                cells.append("-" if math.isnan(v) else f"{v:.0f}" if c == "seconds" else f"{v:.3f}")
+            else:
+                cells.append(str(v))
+        t.add_row(*cells)
+    console = Console()
+    if not console.is_terminal:  # piped: wide enough for every column instead of rich's 80
+        console = Console(width=200)
+    console.print(t)
+
+
+def _compare_caption(table) -> str:
+    metrics = [c for c in table.columns[7:] if ":" in c]
+    return "metric columns by stage: " + "; ".join(
+        f"{c.split(':', 1)[1]} from {c.split(':', 1)[0]}" for c in metrics
+    )
+
+
+@app.command("show-best")
+def show_best(
+    file: Annotated[
+        Path, typer.Option(help="Per-sample records (JSONL of {task_id, helper, main, total, ...}).")
+    ] = Path("reports/eval/magrpo.jsonl"),
+    n: Annotated[
+        int, typer.Option("-n", "--n", min=1, max=1000, help="How many best and how many worst.")
+    ] = 1,
+    debug: Debug = False,
+) -> None:
+    """The best and the worst transcripts of a method by total reward: helper and main code, highlighted."""
+    from rich.console import Console, Group
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+
+    from orchestry.transcripts import TranscriptError, best_and_worst
+
+    with _errors(debug, (TranscriptError, "--file: ")):
+        best, worst = best_and_worst(file, n)
+    console = Console()
+    for title, recs in (("best", best), ("worst", worst)):
+        for i, r in enumerate(recs, start=1):
+            levels = ", ".join(
+                f"{lv} {r[lv]:.2f}" for lv in ("structure", "syntax", "tests", "cooperation") if lv in r
+            )
+            asserts = f", {r['passed']}/{r['total_asserts']} asserts" if "total_asserts" in r else ""
+            scheme = f", scheme {r['scheme']}" if r.get("scheme") else ""
+            parts = []
+            for agent in ("helper", "main"):
+                code = r.get(agent)
+                if isinstance(code, str) and code.strip():
+                    parts += [
+                        f"[bold]{agent}[/bold]",
+                        Syntax(code, "python", line_numbers=True, word_wrap=True),
+                    ]
+            sample = f" sample {r['sample']}" if "sample" in r else ""
+            console.print(Panel(
+                Group(f"total {r['total']:.3f} / 4.0 ({levels}{asserts}{scheme})", *parts),
+                title=f"{title} {i}: {r['task_id']}{sample}", title_align="left",
+            ))  # fmt: skip
+
+
+@app.command()
+def ui(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 5000,
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow store (default: sqlite:///<repo root>/mlflow.db).")
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Start the MLflow UI (mlflow server) on the project's store; artifacts from <repo root>/mlartifacts.
+
+    The process becomes the MLflow server (stop it with Ctrl-C). Exit code 2 when the store does not exist.
+    """
+    import os
+
+    from orchestry.scoring import FileOptionError
+    from orchestry.tracking import repo_root
+    from orchestry.tracking import tracking_uri as default_uri
+
+    with _errors(debug, (FileOptionError, "")):
+        uri = tracking_uri or default_uri()
+        if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+            raise FileOptionError("tracking-uri", f"no MLflow store at {uri.removeprefix('sqlite:///')} "
+                                  "(run the pipeline first, or pass --tracking-uri)")  # fmt: skip
+        artifacts = repo_root() / "mlartifacts"
+        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+               "--default-artifact-root", artifacts.as_uri(), "--artifacts-destination", str(artifacts),
+               "--host", host, "--port", str(port)]  # fmt: skip
+        typer.echo(f"MLflow UI on http://{host}:{port} ({uri})", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, cmd)
+
+
+@app.command()
+def smoke(
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the temporary copy (its path is printed).")
+    ] = False,
+    root: Annotated[
+        Path, typer.Option(help="The project's root (dvc.yaml, params.yaml, stages, src).")
+    ] = Path("."),
+    debug: Debug = False,
+) -> None:
+    """Run the whole pipeline with micro params (2 problems, 2 MAGRPO updates) in a temporary copy.
+
+    dvc repro runs in a copy of dvc.yaml, params.yaml, stages/ and src/ (own git, DVC and MLflow store), then each
+    stage's seconds and the key metrics are printed. The project itself is never written. A few minutes on 2 cores.
+    """
+    import shutil
+    import tempfile
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestry.smoke import SmokeError, key_metrics, make_micro_repo, run_repro, stage_seconds
+
+    console = Console(stderr=True)
+    tmp = Path(tempfile.mkdtemp(prefix="orchestry-smoke-"))
+    repo = tmp / "repo"
+    try:
+        with _errors(debug, (FileNotFoundError, "--root: ")):
+            try:
+                make_micro_repo(root, repo)
+                console.print(f"micro copy of {root.resolve()} in {repo}; dvc repro ...", highlight=False)
+                t0 = time.time()
+                run_repro(repo, capture=False)
+                seconds = stage_seconds(repo)
+                results = key_metrics(repo)
+            except SmokeError as e:
+                if debug or _STATE["debug"]:
+                    typer.echo(e.output, err=True)
+                raise
+    finally:
+        if keep:
+            console.print(f"copy kept: {repo}", highlight=False)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    t = Table(title=f"smoke: dvc repro with micro params, {time.time() - t0:.0f} s")
+    for c in ("stage", "status", "seconds"):
+        t.add_column(c, justify="right" if c == "seconds" else "left")
+    for _, row in seconds.iterrows():
+        t.add_row(str(row["stage"]), str(row["status"]), f"{row['seconds']:.1f}")
+    Console().print(t)
+    m = Table(title="key metrics (micro params: checks that it runs)")
+    m.add_column("metric")
+    m.add_column("value", justify="right")
+    for k, v in results.items():
+        m.add_row(k, f"{v:.3f}")
+    Console().print(m)
+
+
+@app.command()
+def report(
+    root: Annotated[Path, typer.Option(help="The project's root (its reports/ folder is read).")] = Path("."),
+    out: Annotated[Path, typer.Option(help="The HTML page (relative to --root).")] = Path(
+        "reports/index.html"
+    ),
+    debug: Debug = False,
+) -> None:
+    """(Re)build the HTML report (reports/index.html) from the current reports.
+
+    Metrics with confidence intervals, training gain, API-GRPO, orchestrator, costs, figures, schemes, best and
+    worst transcripts (orchestry.report.write_report).
+    """
+    from orchestry.report import ReportError, write_report
+
+    with _errors(debug, (ReportError, "")):
+        path = write_report(root, out)
+    typer.echo(str(path))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,89 @@
+"""Base agents vs MAGRPO-trained adapters on a set of problems: what the ``evaluate`` stage computes.
+
+:func:`evaluate_agents` samples both agent pairs from one peft model (the base pair with the adapters disabled,
+as the naive ``concat`` method; the trained pair with the ``helper``/``main`` adapters, as ``magrpo``), scores
+every sample with the level reward in the sandbox and summarises each pair with
+:func:`orchestry.metrics.summarize` (pass@k, accuracy@k, mean reward with its bootstrap interval over problems,
+each level, cooperation rate, tokens). ``orchestry evaluate`` runs it on any HumanEval-format file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from orchestry.config import IntervalsParams, SamplingParams
+from orchestry.problems import Problem
+
+#: The evaluated agent pairs, in order: ``(name, uses the trained adapters)``.
+PAIRS: tuple[tuple[str, bool], ...] = (("base", False), ("magrpo", True))
+AGENTS = ("helper", "main")
+
+
+class AdaptersError(ValueError):
+    """An adapters folder lacks a ``helper``/``main`` peft adapter; the message names the folder."""
+
+
+def check_adapters(folder: str | Path) -> Path:
+    """``folder`` if it holds ``helper/adapter_config.json`` and ``main/adapter_config.json`` (peft adapters,
+    ``train_magrpo``'s output layout).
+
+    Raises:
+        AdaptersError: the folder is missing, or an agent's adapter is.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise AdaptersError(f"{folder} is not a folder (train the adapters with `dvc repro train_magrpo`)")
+    missing = [a for a in AGENTS if not (folder / a / "adapter_config.json").is_file()]
+    if missing:
+        raise AdaptersError(
+            f"{folder} has no peft adapter for {' and '.join(missing)} "
+            f"(expected {', '.join(f'{a}/adapter_config.json' for a in AGENTS)})"
+        )
+    return folder
+
+
+def evaluate_agents(
+    problems: Sequence[Problem],
+    model,
+    tokenizer,
+    sandbox,
+    sampling: SamplingParams,
+    num_samples: int,
+    seed: int,
+    batch_size: int,
+    intervals: IntervalsParams,
+    progress: bool = True,
+) -> Iterator[tuple[str, list[dict], dict]]:
+    """Sample and score the base pair, then the trained pair; yield ``(name, records, summary)`` for each.
+
+    Args:
+        model: a peft model with adapters named ``helper`` and ``main`` (:func:`orchestry.runtime.load_policy`).
+        num_samples: samples per problem (the k of pass@k; pass@1 is always reported).
+        seed: sampling seed; both pairs use the same one, so they differ only by the adapters.
+        intervals: level and bootstrap resamples of the confidence intervals.
+
+    Yields:
+        ``("base", records, summary)`` then ``("magrpo", records, summary)``: one record per (problem, sample)
+        (:func:`orchestry.baselines.run_method`; base records carry ``method="base"``) and the
+        :func:`orchestry.metrics.summarize` dict plus ``seconds`` (wall seconds of the pair).
+    """
+    from orchestry.baselines import run_method
+    from orchestry.metrics import summarize
+
+    ks = sorted({1, num_samples})
+    for name, use_adapters in PAIRS:
+        t0 = time.time()
+        if use_adapters:
+            recs = run_method("magrpo", problems, model, tokenizer, sandbox, sampling, num_samples, seed,
+                              batch_size, adapters=True, progress=progress)  # fmt: skip
+        else:
+            with model.disable_adapter():
+                recs = run_method("concat", problems, model, tokenizer, sandbox, sampling, num_samples, seed,
+                                  batch_size, progress=progress)  # fmt: skip
+            for r in recs:
+                r["method"] = "base"
+        summary = summarize(recs, ks, intervals.confidence, intervals.resamples)
+        summary["seconds"] = time.time() - t0
+        yield name, recs, summary

