@@ -1,6 +1,7 @@
 """Stage `train_magrpo`: MAGRPO with one LoRA adapter per agent on a shared frozen base; resumable."""
 
 import csv
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -9,6 +10,7 @@ import mlflow
 
 from orchestry.llm.local import attach_adapters
 from orchestry.metrics import quarter_comparison
+from orchestry.mlflow_models import register_adapters
 from orchestry.problems import read_problems
 from orchestry.runtime import (
     load_policy,
@@ -19,10 +21,13 @@ from orchestry.runtime import (
     write_jsonl,
 )
 from orchestry.schemes import SCHEMES
-from orchestry.tracking import log_metrics, stage_run
+from orchestry.tracking import log_metrics, repo_root, stage_run
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
 
-CKPT = Path("checkpoints/magrpo")
+# Checkpoints live outside DVC (like the API response caches), in the real repository (DVC_ROOT in `dvc exp run`),
+# one directory per run inputs: a queued experiment's workspace never lacks an out (so DVC does not re-run this
+# stage for a plot-only change), and experiments never resume each other's checkpoints.
+CKPT_ROOT = Path(".orchestry/checkpoints/magrpo")
 ADAPTERS = Path("models/adapters/magrpo")
 STEPS_CSV = Path("reports/train/magrpo_steps.csv")
 CSV_FIELDS = [
@@ -41,6 +46,11 @@ def main() -> None:
     cfg = params.train_magrpo
     problems = read_problems("data/problems/train.jsonl")[: cfg.max_problems]
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
+    # the trainer compares its own params (train_magrpo) itself; the intervals only shape the summary,
+    # recomputed from the checkpoint's samples
+    resume_key = stage_inputs_key("train_magrpo", params, exclude=["train_magrpo", "intervals"])
+    run_key = json.dumps([resume_key, cfg.model_dump(mode="json")], sort_keys=True).encode()
+    ckpt = repo_root() / CKPT_ROOT / hashlib.sha256(run_key).hexdigest()[:16]
     with stage_run("train_magrpo", logged, params.mlflow.experiment):
         model, tok = load_policy(params)
         model = attach_adapters(
@@ -65,12 +75,9 @@ def main() -> None:
                 sb,
                 cfg,
                 params.sampling,
-                CKPT,
+                ckpt,
                 on_step=on_step,
-                # the trainer compares its own params (train_magrpo) itself: a larger num_steps resumes, a
-                # smaller one than the checkpoint's starts afresh (never the longer run's adapters); the
-                # intervals only shape the summary, recomputed from the checkpoint's samples
-                resume_key=stage_inputs_key("train_magrpo", params, exclude=["train_magrpo", "intervals"]),
+                resume_key=resume_key,
             )
             history = trainer.train()
         shutil.rmtree(ADAPTERS, ignore_errors=True)
@@ -105,7 +112,14 @@ def main() -> None:
         for agent in AGENTS:
             mlflow.log_artifacts(str(ADAPTERS / agent), f"adapters/{agent}")
         mlflow.log_artifact(str(STEPS_CSV), "train")
+        # the adapters as a pyfunc model in the Model Registry (loads back offline; orchestry.mlflow_models)
+        register_adapters(ADAPTERS, base_path=params.model.path, dtype=params.model.dtype,
+                          load_in_4bit=params.model.load_in_4bit,
+                          max_new_tokens=params.sampling.max_completion_length)  # fmt: skip
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}))
+    # done: the adapters are DVC outs now; the checkpoint (adapters + AdamW states) only served a resume
+    for folder in (ckpt, ckpt.with_name(ckpt.name + ".new"), ckpt.with_name(ckpt.name + ".old")):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def test_dvc_repro_micro_pipeline(tmp_path):
         "reports/baselines/discussion.json",
         "models/adapters/magrpo/helper/adapter_config.json",
         "models/adapters/magrpo/main/adapter_model.safetensors",
-        "checkpoints/magrpo/trainer.json",
+        "reports/index.html",
         "reports/train/magrpo_steps.csv",
         "reports/eval/magrpo.jsonl",
         "reports/metrics.json",

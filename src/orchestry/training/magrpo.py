@@ -568,14 +568,16 @@ class MAGRPOTrainer:
             for rec in self.history:
                 if self.on_step and self.rank == 0:
                     self.on_step(rec)
+                if self.rank == 0:
+                    self._log_samples_table(rec["step"])
         elif self.cfg.curriculum == "base_reward":
             self.build_curriculum()
         steps = range(start, self.cfg.num_steps)
         bar = None
         if progress and self.rank == 0:
-            from tqdm import tqdm
+            from orchestry.progress import progress_bar
 
-            bar = tqdm(total=self.cfg.num_steps, initial=start, desc="MAGRPO", unit="step")
+            bar = progress_bar(self.cfg.num_steps, "MAGRPO", "step", initial=start)
         for step in steps:
             t0 = time.time()
             problems = self.problems_for_step(step)
@@ -591,6 +593,8 @@ class MAGRPOTrainer:
                 self.samples.append({"step": step, **d})
             if self.on_step and self.rank == 0:  # one log per run, from the main process
                 self.on_step(rec)
+            if self.rank == 0:
+                self._log_samples_table(step)
             if bar:
                 bar.update(1)
                 bar.set_postfix(reward=f"{rec['reward']:.2f}", s=f"{rec['seconds']:.0f}")
@@ -604,6 +608,15 @@ class MAGRPOTrainer:
         if bar:
             bar.close()
         return self.history
+
+    def _log_samples_table(self, step: int) -> None:
+        """Step ``step``'s samples (as in ``reports/train/magrpo_samples.jsonl``, with a ``step`` column) as the
+        MLflow table ``samples/train_step_<NNNN>.json`` of the active run; nothing without an active run."""
+        from orchestry.mlflow_models import log_samples_table
+
+        log_samples_table(
+            [s for s in self.samples if s["step"] == step], f"samples/train_step_{step:04d}.json"
+        )
 
     def _step_record(self, step, ro: Rollout, upd: dict, gen_s: float, upd_s: float, total_s: float) -> dict:
         det = ro.details
