@@ -69,3 +69,30 @@ def make_tiny_llama(vocab_size: int, seed: int = 0):
         tie_word_embeddings=True,
     )
     return LlamaForCausalLM(cfg)
+
+
+@pytest.fixture
+def saved_agents(tmp_path, embedded_tokenizer, one_thread):
+    """``(peft model, tokenizer, base folder, adapters folder)``: a tiny random Llama saved with the embedded
+    tokenizer, and MAGRPO's two adapters (saved by the trainer) whose LoRA B matrices are random, so each trained
+    agent's outputs differ from the base."""
+    from orchestry.config import SamplingParams, TrainMagrpoParams
+    from orchestry.llm.local import attach_adapters
+    from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+
+    tok = embedded_tokenizer
+    base = tmp_path / "base"
+    model = make_tiny_llama(len(tok), seed=3)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    peft_model = attach_adapters(model, AGENTS, r=4, alpha=8, seed=1)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.5)
+    trainer = MAGRPOTrainer(peft_model, tok, [], None, TrainMagrpoParams(), SamplingParams(), tmp_path / "ck")
+    trainer.save_adapters(tmp_path / "adapters")
+    peft_model.eval()
+    return peft_model, tok, base, tmp_path / "adapters"

@@ -19,9 +19,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
-import torch
 import yaml
-from conftest import make_tiny_llama
 from typer.testing import CliRunner
 
 from orchestry.cli import app
@@ -53,28 +51,9 @@ def _humaneval_records(n: int) -> list[dict]:
 
 
 @pytest.fixture
-def agents(tmp_path, embedded_tokenizer, one_thread):
-    """``(base folder, adapters folder)``: a tiny random Llama saved with the embedded tokenizer, and MAGRPO's two
-    adapters (saved by the trainer) with random LoRA B matrices, so the trained agents differ from the base."""
-    from orchestry.config import SamplingParams, TrainMagrpoParams
-    from orchestry.llm.local import attach_adapters
-    from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
-
-    tok = embedded_tokenizer
-    base = tmp_path / "base"
-    model = make_tiny_llama(len(tok), seed=3)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(base)
-    tok.save_pretrained(base)
-    peft_model = attach_adapters(model, AGENTS, r=4, alpha=8, seed=1)
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for n, p in peft_model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0.0, 0.5)
-    trainer = MAGRPOTrainer(peft_model, tok, [], None, TrainMagrpoParams(), SamplingParams(), tmp_path / "ck")
-    trainer.save_adapters(tmp_path / "adapters")
-    return base, tmp_path / "adapters"
+def agents(saved_agents):
+    """``(base folder, adapters folder)`` of conftest's ``saved_agents``."""
+    return saved_agents[2], saved_agents[3]
 
 
 @pytest.fixture

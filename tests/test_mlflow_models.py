@@ -17,7 +17,6 @@ import mlflow
 import mlflow.anthropic
 import pandas as pd
 import pytest
-import torch
 from conftest import make_tiny_llama
 from fake_llm_servers import FakeAnthropic
 
@@ -52,25 +51,9 @@ def store(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def trained(tmp_path, embedded_tokenizer, one_thread):
-    """``(peft model, tokenizer, base folder, adapters folder)``: a tiny random Llama saved with the embedded
-    tokenizer, and two adapters whose LoRA B matrices are random (so each agent's outputs differ from the base)."""
-    tok = embedded_tokenizer
-    base = tmp_path / "base"
-    model = make_tiny_llama(len(tok), seed=3)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(base)
-    tok.save_pretrained(base)
-    peft_model = attach_adapters(model, AGENTS, r=4, alpha=8, seed=1)
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for n, p in peft_model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0.0, 0.5)
-    trainer = MAGRPOTrainer(peft_model, tok, [], None, TrainMagrpoParams(), SamplingParams(), tmp_path / "ck")
-    trainer.save_adapters(tmp_path / "adapters")
-    peft_model.eval()
-    return peft_model, tok, base, tmp_path / "adapters"
+def trained(saved_agents):
+    """conftest's ``saved_agents``: ``(peft model, tokenizer, base folder, adapters folder)``."""
+    return saved_agents
 
 
 def _greedy(model, tok, problems) -> tuple[list[str], list[str]]:
