@@ -63,7 +63,10 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("orchestry")
     runs = client.search_runs([exp.experiment_id])
-    stages = {r.data.tags.get("stage"): r for r in runs}
+    stages = {r.data.tags["stage"]: r for r in runs if r.data.tags.get("stage")}
+    parents = [r for r in runs if not r.data.tags.get("stage")]  # one parent run for this one `dvc repro`
+    assert len(parents) == 1, [r.info.run_name for r in parents]
+    assert {r.data.tags.get("mlflow.parentRunId") for r in stages.values()} == {parents[0].info.run_id}
     expected = {"prepare", "baselines@single", "baselines@concat", "baselines@sequential", "baselines@discussion",
                 "train_magrpo", "train_api_grpo", "evaluate", "detect_schemes", "plot"}  # fmt: skip
     assert expected <= set(stages), f"MLflow runs: {sorted(stages)}"

@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian package `chromium`)")
 PER_SAMPLE = ("eval", "baselines", "schemes_samples.jsonl")  # DVC outputs kept out of git
+# an excerpt of those (and of the cached reports/api_grpo/rewards.csv) from a real run, for fresh clones
+SAMPLE_EXCERPT = Path(__file__).resolve().parent / "data" / "reports_per_sample"
 
 
 def _copy_reports(dst: Path) -> Path:
@@ -34,6 +36,12 @@ def _copy_reports(dst: Path) -> Path:
     src = ROOT / "reports"
     assert (src / "metrics.json").is_file(), "the repository has no reports/metrics.json"
     shutil.copytree(src, dst / "reports", ignore=shutil.ignore_patterns("index.html", "screenshots"))
+    # a fresh clone lacks the DVC-cached per-sample files (no DVC remote): use a committed excerpt of them
+    for f in sorted(SAMPLE_EXCERPT.rglob("*")):
+        target = dst / "reports" / f.relative_to(SAMPLE_EXCERPT)
+        if f.is_file() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(f, target)
     return dst / "reports"
 
 

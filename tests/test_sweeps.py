@@ -8,6 +8,7 @@ python scripts using :func:`orchestry.tracking.stage_run`; ``train`` keeps resum
 
 import json
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,9 +76,15 @@ LEGACY_STATE_OUT = 'pathlib.Path("state").mkdir(exist_ok=True); pathlib.Path("st
 
 
 def sh(cmd: list[str], cwd: Path, env: dict) -> str:
-    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, f"{' '.join(cmd)}: {res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    return res.stdout
+    # output to files, not pipes: `dvc exp run --run-all` leaves its queue worker running for a while, and the
+    # worker inherits the command's stdout/stderr, so reading pipes to EOF would wait for the worker to exit
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        res = subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=err, text=True, timeout=300)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    assert res.returncode == 0, f"{' '.join(cmd)}: {stdout[-3000:]}\n{stderr[-3000:]}"
+    return stdout
 
 
 def make_repo(root: Path, legacy: bool = False) -> tuple[Path, dict]:
