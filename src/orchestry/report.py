@@ -483,10 +483,11 @@ def _schemes_section(
     return head + "".join(parts)
 
 
-def _transcripts_section(reports: Path) -> str:
+def _transcripts_section(reports: Path, records: dict[str, list[dict]]) -> str:
+    """Best and worst sample of each evaluated method (``reports/eval``), from the records read by :func:`_records`."""
     parts = []
     for f in sorted((reports / "eval").glob("*.jsonl")):
-        rows = _jsonl(f)
+        rows = records[f.stem]
         if not rows:
             continue
         best, worst = max(rows, key=_rank), min(rows, key=_rank)
@@ -555,7 +556,7 @@ def write_report(root: Path = Path("."), out: Path = Path("reports/index.html"))
         ("cost", "Cost per method", _cost_section(metrics, reports, train, api, orch)),
         ("figures", "Figures", _figures_section(figures, out.parent)),
         ("schemes", "Cooperation schemes", _schemes_section(schemes, samples, records, src["schemes"])),
-        ("transcripts", "Best and worst transcripts", _transcripts_section(reports)),
+        ("transcripts", "Best and worst transcripts", _transcripts_section(reports, records)),
     ]
     links = "".join(
         f'<li><a href="{html.escape(Path(os.path.relpath(p, out.parent)).as_posix())}">'
