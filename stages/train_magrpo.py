@@ -12,6 +12,7 @@ from orchestry.llm.local import attach_adapters
 from orchestry.metrics import quarter_comparison
 from orchestry.mlflow_models import register_adapters
 from orchestry.problems import read_problems
+from orchestry.rewards.coach import open_coach
 from orchestry.runtime import (
     load_policy,
     open_sandbox,
@@ -22,7 +23,7 @@ from orchestry.runtime import (
 )
 from orchestry.schemes import SCHEMES
 from orchestry.tracking import log_metrics, repo_root, stage_run
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+from orchestry.training.magrpo import MAGRPOTrainer, agent_names
 
 # Checkpoints live outside DVC (like the API response caches), in the real repository (DVC_ROOT in `dvc exp run`),
 # one directory per run inputs: a queued experiment's workspace never lacks an out (so DVC does not re-run this
@@ -38,6 +39,10 @@ CSV_FIELDS = [
     "truncation_rate", "truncation_rate/helper", "truncation_rate/main",
     *(f"scheme/{s}" for s in SCHEMES),
     "zero_variance_groups", "skipped_groups", "resample_rollouts", "resampled_groups",
+    # options: turns, per-agent rewards (credit, coach), the workflow's agents
+    "turns_run", *(f"reward/turn_{t}" for t in range(1, 9)),
+    *(f"reward/{a}" for a in ("helper", "main", "writer", "tester", "fixer")),
+    "credit/helper", "credit/main", "coach/calls", "coach/failures", "tester_pass_rate",
 ]  # fmt: skip
 
 
@@ -51,11 +56,14 @@ def main() -> None:
     resume_key = stage_inputs_key("train_magrpo", params, exclude=["train_magrpo", "intervals"])
     run_key = json.dumps([resume_key, cfg.model_dump(mode="json")], sort_keys=True).encode()
     ckpt = repo_root() / CKPT_ROOT / hashlib.sha256(run_key).hexdigest()[:16]
+    agents = agent_names(cfg)
     with stage_run("train_magrpo", logged, params.mlflow.experiment):
+        # the coach first: a misconfigured backend fails before the policy is loaded
+        coach = open_coach(cfg.coach, params.model.path, params.model.dtype) if cfg.coach.enabled else None
         model, tok = load_policy(params)
         model = attach_adapters(
             model,
-            AGENTS,
+            agents,
             r=cfg.lora_r,
             alpha=cfg.lora_alpha,
             dropout=cfg.lora_dropout,
@@ -78,6 +86,7 @@ def main() -> None:
                 ckpt,
                 on_step=on_step,
                 resume_key=resume_key,
+                coach=coach,
             )
             history = trainer.train()
         shutil.rmtree(ADAPTERS, ignore_errors=True)
@@ -89,7 +98,11 @@ def main() -> None:
             for rec in history:
                 w.writerow(rec)
         write_jsonl("reports/train/magrpo_samples.jsonl", trainer.samples)
-        per_step = [[s["total"] for s in trainer.samples if s["step"] == rec["step"]] for rec in history]
+        # the first turn's rewards (turn 0): comparable whatever `turns` is
+        per_step = [
+            [s["total"] for s in trainer.samples if s["step"] == rec["step"] and s.get("turn", 0) == 0]
+            for rec in history
+        ]
         summary = quarter_comparison(per_step, params.intervals.confidence, params.intervals.resamples)
         summary.update(
             steps=len(history),
@@ -101,6 +114,9 @@ def main() -> None:
             mlflow.log_dict(trainer.curriculum, "train/magrpo_curriculum.json")
             summary["prompt_tokens"] += trainer.curriculum["tokens/prompt"]
             summary["completion_tokens"] += trainer.curriculum["tokens/completion"]
+        if coach is not None:  # the coach's calls, parse failures and spend (cache hits are free)
+            summary.update({f"coach_{k}": v for k, v in coach.counters().items()})
+            summary["coach_usd"] = coach.client.tracker.spent_usd
         write_json("reports/train/magrpo.json", summary)
         log_metrics({f"summary/{k}": v for k, v in summary.items()})
         log_metrics(
@@ -109,13 +125,14 @@ def main() -> None:
                 "cost/completion_tokens": summary["completion_tokens"],
             }
         )
-        for agent in AGENTS:
+        for agent in agents:
             mlflow.log_artifacts(str(ADAPTERS / agent), f"adapters/{agent}")
         mlflow.log_artifact(str(STEPS_CSV), "train")
-        # the adapters as a pyfunc model in the Model Registry (loads back offline; orchestry.mlflow_models)
-        register_adapters(ADAPTERS, base_path=params.model.path, dtype=params.model.dtype,
-                          load_in_4bit=params.model.load_in_4bit,
-                          max_new_tokens=params.sampling.max_completion_length)  # fmt: skip
+        # the helper/main adapters as a pyfunc model in the Model Registry (loads back offline; mlflow_models)
+        if cfg.workflow == "helper_main":
+            register_adapters(ADAPTERS, base_path=params.model.path, dtype=params.model.dtype,
+                              load_in_4bit=params.model.load_in_4bit,
+                              max_new_tokens=params.sampling.max_completion_length)  # fmt: skip
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}))
     # done: the adapters are DVC outs now; the checkpoint (adapters + AdamW states) only served a resume
     for folder in (ckpt, ckpt.with_name(ckpt.name + ".new"), ckpt.with_name(ckpt.name + ".old")):

@@ -14,14 +14,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 BaselineMethod = Literal["single", "concat", "sequential", "discussion"]
 BASELINE_METHODS: tuple[str, ...] = get_args(BaselineMethod)
 """The MAGRPO paper's baselines (``baselines.methods``, ``stages/baselines.py --method``)."""
 AdvantageMode = Literal["mean", "mean_std", "rloo", "max", "raw"]
 ADVANTAGE_MODES: tuple[str, ...] = get_args(AdvantageMode)
-"""``train_magrpo.advantage`` (see :func:`orchestry.algorithms.magrpo.group_advantages`)."""
+"""Group-relative modes of :func:`orchestry.algorithms.magrpo.group_advantages`."""
+AdvantageEstimator = Literal["mean", "mean_std", "rloo", "max", "raw", "reinforce_pp"]
+ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimator)
+"""``train_magrpo.advantage``: a group-relative mode, or ``reinforce_pp`` (per-token; REINFORCE++)."""
 
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="RNG seed")]
 Name = Annotated[str, Field(min_length=1)]
@@ -108,6 +111,45 @@ class BaselinesParams(_Section):
     _methods_unique = field_validator("methods")(_unique)
 
 
+class ModelPrice(_Section):
+    input_usd_per_mtok: float = Field(..., ge=0, le=1e6, description="USD per million input (prompt) tokens")
+    output_usd_per_mtok: float = Field(
+        ..., ge=0, le=1e6, description="USD per million output (completion) tokens"
+    )
+
+
+class CoachParams(_Section):
+    """Coach process rewards (MAPPA, arXiv 2601.23228): a coach LLM scores each agent action 0-10."""
+
+    enabled: bool = Field(False, description="mix the coach's process score into each agent's reward")
+    backend: Literal["local", "anthropic", "openai_compatible"] = Field(
+        "local", description="local: the frozen base model (model.path) as coach"
+    )
+    model: str | None = Field(None, description="API model id; local: a model folder (None: model.path)")
+    base_url: str | None = Field(None, description="openai_compatible: the server URL (.../v1)")
+    api_key_env: str | None = Field(None, description="env var with the key (None: ANTHROPIC_API_KEY / none)")
+    w_process: float = Field(0.1, ge=0, le=1e3, description="weight of the 0-10 process score")
+    w_outcome: float = Field(1.0, ge=0, le=1e3, description="weight of the outcome (level) reward")
+    max_tokens: int = Field(48, ge=8, le=4096, description="tokens per coach answer")
+    show_feedback: bool = Field(
+        False, description="turns > 1: the next turn's prompts also carry the coach's feedback"
+    )
+    budget_usd: float | None = Field(1.0, ge=0, le=1e6, description="hard cap on coach spending (None: none)")
+    prices: dict[str, ModelPrice] = Field(default_factory=dict, description="per-model price overrides")
+    cache_path: Name = Field(".orchestry/coach_cache.sqlite", description="response cache (repo-relative)")
+    timeout_s: float = Field(60.0, gt=0, le=3600)
+    max_retries: int = Field(4, ge=0, le=100)
+    concurrency: int = Field(4, ge=1, le=256)
+    local_batch_size: int = Field(32, ge=1, le=4096, description="rows per generate call (local backend)")
+    seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _weights(self) -> CoachParams:
+        if self.w_process + self.w_outcome == 0:
+            raise ValueError("w_process and w_outcome cannot both be 0")
+        return self
+
+
 class TrainMagrpoParams(_Section):
     num_steps: int = Field(16, ge=1, le=BIG, description="policy updates")
     problems_per_step: int = Field(1, ge=1, le=4096, description="problems whose groups form one update")
@@ -117,10 +159,43 @@ class TrainMagrpoParams(_Section):
     max_grad_norm: float = Field(
         1.0, gt=0, le=1e12, description="gradient-norm clip per adapter (huge: none)"
     )
-    advantage: AdvantageMode = Field(
-        "mean", description=f"group-relative advantage: {' | '.join(ADVANTAGE_MODES)} (paper: mean)"
+    advantage: AdvantageEstimator = Field(
+        "mean",
+        description=f"advantage estimator: {' | '.join(ADVANTAGE_ESTIMATORS)} (MAGRPO paper: mean; reinforce_pp: "
+        "per-token returns with the KL in the reward, whitened over all tokens of the agent's batch)",
     )
-    beta: float = Field(0.0, ge=0, le=1e3, description="KL weight to the reference (base) policy; 0 disables")
+    beta: float = Field(
+        0.0,
+        ge=0,
+        le=1e3,
+        description="KL weight to the reference (base) policy; 0 disables. Group modes: k3 KL in the loss; "
+        "reinforce_pp: -beta * KL per token in the reward",
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="reinforce_pp: discount of the per-token returns")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k1", description="reinforce_pp: per-token KL estimator in the reward (paper: k1)"
+    )
+    turns: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="turns per episode: turn t+1's prompts carry the sandbox's feedback on turn t",
+    )
+    turn_weights: list[float] | None = Field(
+        None, description="loss weight of each turn (len = turns, each >= 0; None: 1 for every turn)"
+    )
+    credit: Literal["shared", "counterfactual"] = Field(
+        "shared",
+        description="shared (every agent gets the joint reward) | counterfactual (each agent's difference "
+        "reward: joint minus the reward with its output replaced by a default; scored in the sandbox)",
+    )
+    workflow: Literal["helper_main", "writer_tester_fixer"] = Field(
+        "helper_main",
+        description="helper_main (aux + main, in parallel; the level reward) | writer_tester_fixer (three "
+        "agents in sequence: the tester's asserts run on the writer's code, the fixer reads the report; "
+        "reward: the fixer's code on the hidden asserts)",
+    )
+    coach: CoachParams = CoachParams()
     lora_r: int = Field(16, ge=1, le=4096)
     lora_alpha: int = Field(32, ge=1, le=1 << 16)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
@@ -156,6 +231,24 @@ class TrainMagrpoParams(_Section):
 
     _modules_unique = field_validator("target_modules")(_unique)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainMagrpoParams:
+        if self.turn_weights is not None:
+            if len(self.turn_weights) != self.turns:
+                raise ValueError(f"turn_weights has {len(self.turn_weights)} weights for turns={self.turns}")
+            if any(not 0 <= w <= 1e3 for w in self.turn_weights) or sum(self.turn_weights) == 0:
+                raise ValueError("turn_weights must each be in [0, 1000] and not all 0")
+        if self.workflow == "writer_tester_fixer":
+            if self.turns != 1:
+                raise ValueError("workflow writer_tester_fixer runs one turn (its fixer is the second try)")
+            if self.credit != "shared":
+                raise ValueError("credit counterfactual is defined for workflow helper_main only")
+            if self.dynamic_sampling != "none" or self.curriculum != "none":
+                raise ValueError("workflow writer_tester_fixer runs without dynamic_sampling and curriculum")
+        if self.advantage == "reinforce_pp" and self.dynamic_sampling != "none":
+            raise ValueError("dynamic_sampling works on groups; advantage reinforce_pp has none")
+        return self
+
 
 class EvaluateParams(_Section):
     num_samples: int = Field(2, ge=1, le=1000, description="k: samples per problem for pass@k / accuracy@k")
@@ -170,13 +263,6 @@ class DetectSchemesParams(_Section):
     )
 
     _methods_unique = field_validator("methods")(_unique)
-
-
-class ModelPrice(_Section):
-    input_usd_per_mtok: float = Field(..., ge=0, le=1e6, description="USD per million input (prompt) tokens")
-    output_usd_per_mtok: float = Field(
-        ..., ge=0, le=1e6, description="USD per million output (completion) tokens"
-    )
 
 
 class ApiGrpoJudgeParams(_Section):

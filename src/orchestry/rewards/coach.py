@@ -187,6 +187,37 @@ class Coach:
         return out  # type: ignore[return-value]
 
 
+def open_coach(cfg, model_path: str = "models/base", model_dtype: str = "float32", cache_path=None) -> Coach:
+    """The coach of ``train_magrpo.coach`` params: its backend (the local base model by default, loaded on the
+    first uncached call) behind the response cache, a cost tracker and the coach's own USD budget.
+
+    Misconfiguration (model name, API key, price for a budget, server down) raises here, before any training.
+
+    Args:
+        cfg: :class:`orchestry.config.CoachParams`. cache_path: ``None``: ``cfg.cache_path`` under the repo root.
+
+    Raises:
+        BackendConfigError, PriceError: see :func:`orchestry.training.api_grpo.open_clients`.
+    """
+    from orchestry.llm.backends import make_backend
+    from orchestry.llm.cache import CachedChat, ResponseCache
+    from orchestry.llm.cost import CostTracker, require_price
+    from orchestry.tracking import repo_root
+
+    local = cfg.backend == "local"
+    backend = make_backend(cfg.backend, cfg.model, base_url=cfg.base_url, api_key_env=cfg.api_key_env,
+                           timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, concurrency=cfg.concurrency,
+                           seed=cfg.seed, local_model_path=model_path, local_dtype=model_dtype,
+                           local_batch_size=cfg.local_batch_size)  # fmt: skip
+    backend.price = require_price(backend.model, cfg.prices, local, cfg.budget_usd)
+    if not local:
+        backend.preflight()
+    path = cache_path or (repo_root() / cfg.cache_path)
+    chat = CachedChat(backend, ResponseCache(path), CostTracker(budget_usd=cfg.budget_usd))
+    # local: greedy (0.0) makes the coach deterministic; API models take their default temperature
+    return Coach(chat, max_tokens=cfg.max_tokens, temperature=0.0 if local else None)
+
+
 def mix_rewards(process, outcome, w_process: float, w_outcome: float):
     """``w_process * process + w_outcome * outcome``, element-wise (scalars or same-shape arrays).
 
@@ -218,6 +249,7 @@ __all__ = [
     "coach_prompt",
     "first_number",
     "mix_rewards",
+    "open_coach",
     "parse_feedback",
     "parse_process_score",
 ]

@@ -43,8 +43,10 @@ from pathlib import Path
 import torch
 
 from orchestry.algorithms.magrpo import group_advantages, k3_kl, policy_loss
+from orchestry.algorithms.reinforce_pp import reinforce_pp_advantages
 from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.local import (
+    Generation,
     GenerationBatch,
     adapter_parameters,
     bf16_autocast,
@@ -53,12 +55,24 @@ from orchestry.llm.local import (
     generate,
 )
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
+from orchestry.rewards.coach import Coach, coach_prompt, mix_rewards
 from orchestry.rewards.code import level_rewards
+from orchestry.rewards.credit import counterfactual_credit
 from orchestry.schemes import scheme_distribution
+from orchestry.tasks.multi_turn import feedback_text, next_turn_prompts
 
 log = logging.getLogger("orchestry.magrpo")
 
 AGENTS = ("helper", "main")
+WORKFLOW_AGENTS = {"helper_main": AGENTS, "writer_tester_fixer": ("writer", "tester", "fixer")}
+# the coach's description of each role
+ROLES = {
+    "helper": "helper (writes the helper function `aux` the main agent may call)",
+    "main": "main (writes the task's function, calling the helper's `aux` where useful)",
+    "writer": "writer (writes the first version of the function)",
+    "tester": "tester (writes asserts that are run on the writer's function)",
+    "fixer": "fixer (writes the final function from the writer's code and the test report)",
+}
 CHECKPOINT_FILES = ("state.pt", "trainer.json", "samples.jsonl")
 # written last: a checkpoint without it, or with a file that differs from it, is incomplete
 MANIFEST = "manifest.json"
@@ -67,6 +81,12 @@ FLAT_ATOL = 1e-6  # joint rewards closer than this count as equal (sums of the s
 # seed offsets of the extra rollouts (resamples, the curriculum's base rollout), far from the steps' own seeds
 _RESAMPLE_SEED = 1_000_000_007
 _CURRICULUM_SEED = 1 << 40
+_TURN_SEED = 1 << 36  # seed offset of turn t (and of the workflow's phases)
+
+
+def agent_names(cfg: TrainMagrpoParams) -> tuple[str, ...]:
+    """The adapters (agents) a ``train_magrpo`` config trains, in row order."""
+    return WORKFLOW_AGENTS[cfg.workflow]
 
 
 def flat_groups(rewards: torch.Tensor, atol: float = FLAT_ATOL) -> torch.Tensor:
@@ -151,14 +171,28 @@ class Rollout:
     resample_rollouts: int = 0
     resampled_groups: int = 0
     tokens: tuple[int, int] | None = None
+    # agents whose rows ``batch`` holds, in row order (a phase of the writer/tester/fixer workflow holds one)
+    agents: tuple[str, ...] = AGENTS
+    # per-agent [N, G] rewards the advantage is computed from (counterfactual credit, coach mix); None: ``rewards``
+    agent_rewards: dict[str, torch.Tensor] | None = None
+    # [N, G] bool: samples generated in this turn (later turns skip the samples that passed every assert); None: all
+    active: torch.Tensor | None = None
+    turn: int = 0
+    weight: float = 1.0  # loss weight of this turn (``turn_weights``)
+    shared_prompt: bool = True  # the G rows of a problem share one prompt (turn 1); later turns: one per row
+    metrics: dict = field(default_factory=dict)  # this rollout's step metrics (coach, credit)
 
-    def rows(self, agent_index: int) -> list[int]:
-        n_agents = len(AGENTS)
-        return [
-            (n * n_agents + agent_index) * self.G + g
-            for n in range(len(self.problems))
-            for g in range(self.G)
-        ]
+    def rows(self, agent: str | int) -> list[int]:
+        """Batch rows of ``agent`` (its name, or its index in ``agents``), ordered [problem n][generation g]."""
+        a = agent if isinstance(agent, int) else self.agents.index(agent)
+        k = len(self.agents)
+        return [(n * k + a) * self.G + g for n in range(len(self.problems)) for g in range(self.G)]
+
+    def reward_of(self, agent: str) -> torch.Tensor:
+        """``[N, G]`` rewards that ``agent``'s advantage comes from."""
+        if self.agent_rewards is not None and agent in self.agent_rewards:
+            return self.agent_rewards[agent]
+        return self.rewards
 
 
 def _padded(batch: GenerationBatch, P: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,7 +210,7 @@ def _padded(batch: GenerationBatch, P: int, T: int) -> tuple[torch.Tensor, torch
 def _replace_groups(ro: Rollout, new: Rollout, pairs: list[tuple[int, int]]) -> Rollout:
     """``ro`` with its group ``n`` replaced by group ``j`` of ``new`` for each ``(n, j)`` of ``pairs`` (same G,
     same problem): rows, rewards and records; the two batches are re-padded to one layout."""
-    G, n_agents = ro.G, len(AGENTS)
+    G, n_agents = ro.G, len(ro.agents)
     P = max(ro.batch.prompt_width, new.batch.prompt_width)
     T = max(
         ro.batch.sequences.shape[1] - ro.batch.prompt_width,
@@ -187,6 +221,7 @@ def _replace_groups(ro: Rollout, new: Rollout, pairs: list[tuple[int, int]]) -> 
     offset = seqs_a.shape[0]
     source = list(range(offset))  # row of the merged batch -> row of cat(ro, new)
     rewards = ro.rewards.clone()
+    agent_rewards = {a: r.clone() for a, r in ro.agent_rewards.items()} if ro.agent_rewards else None
     details = list(ro.details)
     for n, j in pairs:
         if new.problems[j].task_id != ro.problems[n].task_id:
@@ -195,13 +230,17 @@ def _replace_groups(ro: Rollout, new: Rollout, pairs: list[tuple[int, int]]) -> 
             for g in range(G):
                 source[(n * n_agents + a) * G + g] = offset + (j * n_agents + a) * G + g
         rewards[n] = new.rewards[j]
+        if agent_rewards is not None:
+            for a in agent_rewards:
+                agent_rewards[a][n] = new.agent_rewards[a][j]
         details[n * G : (n + 1) * G] = new.details[j * G : (j + 1) * G]
     index = torch.tensor(source)
     seqs, mask = torch.cat([seqs_a, seqs_b])[index], torch.cat([mask_a, mask_b])[index]
     all_items = [*ro.batch.items, *new.batch.items]
     items = [replace(all_items[src], row=i) for i, src in enumerate(source)]
     batch = GenerationBatch(seqs, mask, P, items, ro.batch.seconds)
-    return Rollout(list(ro.problems), batch, rewards, details, G, ro.reward_seconds)
+    return Rollout(list(ro.problems), batch, rewards, details, G, ro.reward_seconds, agents=ro.agents,
+                   agent_rewards=agent_rewards, metrics=dict(ro.metrics))  # fmt: skip
 
 
 @dataclass
@@ -239,11 +278,15 @@ class MAGRPOTrainer:
     # curriculum=base_reward: {"order": [task ids, easiest first], "base_reward": {task id: mean}, "seconds",
     # "tokens/prompt", "tokens/completion"}; None without a curriculum
     curriculum: dict | None = None
+    coach: Coach | None = None  # coach.enabled: scores each agent action (rewards.coach.open_coach)
 
     def __post_init__(self):
         self.checkpoint_dir = Path(self.checkpoint_dir)
+        self.agents = agent_names(self.cfg)
+        if self.cfg.coach.enabled and self.coach is None:
+            raise ValueError("train_magrpo.coach.enabled needs a Coach (orchestry.rewards.coach.open_coach)")
         self.optimizers = self._new_optimizers()
-        for a in AGENTS:
+        for a in self.agents:
             if not self.optimizers[a].param_groups[0]["params"]:
                 raise ValueError(f"model has no LoRA parameters for agent {a!r}")
         order = list(range(len(self.problems)))
@@ -304,7 +347,7 @@ class MAGRPOTrainer:
                 lr=self.cfg.learning_rate,
                 weight_decay=self.cfg.weight_decay,
             )
-            for a in AGENTS
+            for a in self.agents
         }
 
     # ------------------------------------------------------------------ rollout
@@ -315,6 +358,21 @@ class MAGRPOTrainer:
         idx = [self.order[(start + j) % len(self.order)] for j in range(P)]
         return [self.problems[i] for i in idx]
 
+    def _generate(self, prompts: list[str], adapters: list[str], seed: int) -> GenerationBatch:
+        return generate(
+            self.model,
+            self.tokenizer,
+            prompts,
+            adapters,
+            max_new_tokens=self.sampling.max_completion_length,
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            seed=seed,
+        )
+
+    def _seed(self, step: int, offset: int = 0) -> int:
+        return self.cfg.seed * 1_000_003 + step + 7919 * self.rank + offset
+
     def rollout(
         self, problems: Sequence[Problem], step: int, attempt: int = 0, base: bool = False
     ) -> Rollout:
@@ -322,7 +380,8 @@ class MAGRPOTrainer:
 
         ``attempt`` > 0: a resample of ``step`` (dynamic sampling), with its own seed. ``base``: the bare base
         model writes both agents' completions (the curriculum's rollout), seeded alike on every process.
-        Each sample's record holds its completion token counts and whether each hit ``max_completion_length``.
+        Each sample's record holds its completion token counts and whether each hit ``max_completion_length``;
+        with ``credit: counterfactual`` or the coach, also each agent's reward (:meth:`_agent_rewards`).
         """
         G = self.cfg.num_generations
         prompts, adapters = [], []
@@ -332,42 +391,51 @@ class MAGRPOTrainer:
             for agent, prompt in zip(AGENTS, (hp, mp), strict=True):
                 prompts += [prompt] * G
                 adapters += [BASE if base else agent] * G
-        seed = self.cfg.seed * 1_000_003 + step
         if base:
-            seed += _CURRICULUM_SEED
+            seed = self.cfg.seed * 1_000_003 + step + _CURRICULUM_SEED
         else:
-            seed += 7919 * self.rank + _RESAMPLE_SEED * attempt
-        limit = self.sampling.max_completion_length
-        batch = generate(
-            self.model,
-            self.tokenizer,
-            prompts,
-            adapters,
-            max_new_tokens=limit,
-            temperature=self.sampling.temperature,
-            top_p=self.sampling.top_p,
-            seed=seed,
-        )
+            seed = self._seed(step, _RESAMPLE_SEED * attempt)
+        batch = self._generate(prompts, adapters, seed)
         t0 = time.time()
-        probs, helpers, mains, rows = [], [], [], []
-        for n, p in enumerate(problems):
-            for g in range(G):
-                h, m = batch.items[(n * 2 + 0) * G + g], batch.items[(n * 2 + 1) * G + g]
-                probs.append(p)
-                helpers.append(h.text)
-                mains.append(m.text)
-                rows.append((h, m))
+        samples = [
+            (p, batch.items[(n * 2 + 0) * G + g], batch.items[(n * 2 + 1) * G + g])
+            for n, p in enumerate(problems)
+            for g in range(G)
+        ]
+        details, flat, metrics = self._score_pairs(samples, [g for _ in problems for g in range(G)], attempt,
+                                                   coach=not base)  # fmt: skip
+        N = len(problems)
+        rewards = torch.tensor([d["total"] for d in details], dtype=torch.float32).view(N, G)
+        agent_rewards = {a: r.view(N, G) for a, r in flat.items()} if flat else None
+        return Rollout(list(problems), batch, rewards, details, G, time.time() - t0,
+                       agent_rewards=agent_rewards, metrics=metrics)  # fmt: skip
+
+    def _score_pairs(
+        self,
+        samples: list[tuple[Problem, Generation, Generation]],
+        generations: list[int],
+        attempt: int = 0,
+        turn: int = 0,
+        coach: bool = True,
+        previous: list[dict] | None = None,
+    ) -> tuple[list[dict], dict[str, torch.Tensor] | None, dict]:
+        """Score B (problem, helper, main) samples: their records (level reward, texts, token counts,
+        truncation), the per-agent rewards ``{agent: [B]}`` (None: shared) and the metrics of
+        :meth:`_agent_rewards`. ``previous``: the samples' records of the turn before (the coach's earlier
+        feedback)."""
+        limit = self.sampling.max_completion_length
+        probs = [s[0] for s in samples]
+        helpers, mains = [s[1].text for s in samples], [s[2].text for s in samples]
         if self.reward_fn is not None:
             results = self.reward_fn(probs, helpers, mains)
         else:
-            truncated = [h.completion_tokens >= limit or m.completion_tokens >= limit for h, m in rows]
+            truncated = [h.completion_tokens >= limit or m.completion_tokens >= limit for _, h, m in samples]
             results = level_rewards(probs, helpers, mains, self.sandbox, truncated=truncated)
-        rewards = torch.tensor([r.total for r in results], dtype=torch.float32).view(len(problems), G)
         details = []
         for i, r in enumerate(results):
+            _, h, m = samples[i]
             d = r.to_dict()
-            h, m = rows[i]
-            d.update(task_id=probs[i].task_id, generation=i % G, helper=helpers[i], main=mains[i])
+            d.update(task_id=probs[i].task_id, generation=generations[i], helper=helpers[i], main=mains[i])
             d.update(
                 helper_tokens=h.completion_tokens,
                 main_tokens=m.completion_tokens,
@@ -375,9 +443,228 @@ class MAGRPOTrainer:
                 main_truncated=m.completion_tokens >= limit,
                 truncated=h.completion_tokens >= limit or m.completion_tokens >= limit,
                 attempt=attempt,
+                turn=turn,
             )
             details.append(d)
-        return Rollout(list(problems), batch, rewards, details, G, time.time() - t0)
+        flat, metrics = self._agent_rewards(
+            probs, {"helper": helpers, "main": mains}, details, coach, previous
+        )
+        return details, flat, metrics
+
+    def _agent_rewards(
+        self,
+        probs: list[Problem],
+        texts: dict[str, list[str]],
+        details: list[dict],
+        coach: bool = True,
+        previous: list[dict] | None = None,
+    ) -> tuple[dict[str, torch.Tensor] | None, dict]:
+        """Per-agent rewards ``{agent: [B]}`` of B scored samples (``details[i]["total"]``: the joint reward),
+        or None when every agent gets the joint reward; and the step metrics they add.
+
+        - ``credit: counterfactual`` (helper/main): each agent's difference reward
+          (:func:`orchestry.rewards.credit.counterfactual_credit`) replaces the joint reward as its outcome.
+        - coach enabled: each agent's outcome becomes ``w_outcome * outcome + w_process * score``, the score the
+          coach gave that agent's action (0-10; :class:`orchestry.rewards.coach.Coach`); score, how it was
+          parsed and the feedback go into the records (``coach_<agent>``, ``coach_<agent>_how``,
+          ``coach_<agent>_feedback``).
+        """
+        joint = [float(d["total"]) for d in details]
+        outcome = {a: torch.tensor(joint, dtype=torch.float32) for a in texts}
+        metrics: dict = {}
+        per_agent = False
+        if self.cfg.credit == "counterfactual":
+            credits = counterfactual_credit(probs, texts["helper"], texts["main"], self.sandbox, joint=joint)
+            for d, c in zip(details, credits, strict=True):
+                d["credit_helper"], d["credit_main"] = c.helper, c.main
+            outcome = {
+                "helper": torch.tensor([c.helper for c in credits], dtype=torch.float32),
+                "main": torch.tensor([c.main for c in credits], dtype=torch.float32),
+            }
+            metrics.update({f"credit/{a}": float(outcome[a].mean()) for a in outcome})
+            per_agent = True
+        if coach and self.coach is not None:
+            c = self.cfg.coach
+            names, B = list(texts), len(probs)
+            before = self.coach.counters()
+            prompts = [
+                coach_prompt(probs[i].prompt, ROLES.get(a, a), texts[a][i],
+                             (previous[i].get(f"coach_{a}_feedback") if previous else None))
+                for a in names
+                for i in range(B)
+            ]  # fmt: skip
+            scores = self.coach.score(prompts, [("coach", a) for a in names for _ in range(B)])
+            for k, a in enumerate(names):
+                mine = scores[k * B : (k + 1) * B]
+                process = torch.tensor([s.score for s in mine], dtype=torch.float32)
+                outcome[a] = torch.as_tensor(
+                    mix_rewards(process.numpy(), outcome[a].numpy(), c.w_process, c.w_outcome),
+                    dtype=torch.float32,
+                ).reshape(B)
+                for d, s in zip(details, mine, strict=True):
+                    d[f"coach_{a}"], d[f"coach_{a}_how"], d[f"coach_{a}_feedback"] = (
+                        s.score,
+                        s.how,
+                        s.feedback,
+                    )
+                metrics[f"coach/score/{a}"] = float(process.mean())
+            after = self.coach.counters()
+            metrics.update({f"coach/{k}": after[k] - before[k] for k in after})
+            per_agent = True
+        return (outcome if per_agent else None), metrics
+
+    def next_turn(self, prev: Rollout, step: int, turn: int) -> Rollout | None:
+        """Turn ``turn`` (>= 1) of the helper/main episode whose last turn is ``prev``.
+
+        Each sample that did not pass every assert is continued by one new (helper, main) pair whose prompts
+        carry the sandbox's feedback on its previous pair, main seeing the helper's previous ``aux``
+        (:func:`orchestry.tasks.multi_turn.next_turn_prompts`; plus the coach's comments with
+        ``coach.show_feedback``). All continued samples are sampled in one batched ``generate``. A sample that
+        passed stops early: its reward is carried over, its rows are empty placeholders that are never trained
+        (``active`` False). Returns None when every sample has stopped.
+        """
+        G, N = prev.G, len(prev.problems)
+        todo = [
+            (n, g)
+            for n in range(N)
+            for g in range(G)
+            if not (prev.details[n * G + g]["total_asserts"] > 0
+                    and prev.details[n * G + g]["passed"] == prev.details[n * G + g]["total_asserts"])
+        ]  # fmt: skip
+        if not todo:
+            return None
+        prompts, adapters = [], []
+        for n, g in todo:
+            d, p = prev.details[n * G + g], prev.problems[n]
+            notes = None
+            if self.cfg.coach.show_feedback:
+                notes = {a: d.get(f"coach_{a}_feedback", "") for a in AGENTS}
+            hp, mp = next_turn_prompts(p, d["helper"], d["main"], feedback_text(p, d), notes)
+            prompts += [
+                chat_prompt(self.tokenizer, hp, HELPER_SYSTEM),
+                chat_prompt(self.tokenizer, mp, MAIN_SYSTEM),
+            ]
+            adapters += list(AGENTS)
+        sub = self._generate(prompts, adapters, self._seed(step, _TURN_SEED * turn))
+        # the full [n][agent][g] layout; rows of stopped samples stay empty (mask 0) and are never trained
+        B, k = N * len(AGENTS) * G, len(AGENTS)
+        seqs = torch.zeros(B, sub.sequences.shape[1], dtype=sub.sequences.dtype)
+        mask = torch.zeros(B, sub.sequences.shape[1], dtype=sub.attention_mask.dtype)
+        items = [Generation("", 0, 0, i) for i in range(B)]
+        for j, (n, g) in enumerate(todo):
+            for a in range(k):
+                src, dst = j * k + a, (n * k + a) * G + g
+                seqs[dst], mask[dst] = sub.sequences[src], sub.attention_mask[src]
+                items[dst] = replace(sub.items[src], row=dst)
+        batch = GenerationBatch(seqs, mask, sub.prompt_width, items, sub.seconds)
+        t0 = time.time()
+        samples = [(prev.problems[n], items[(n * k) * G + g], items[(n * k + 1) * G + g]) for n, g in todo]
+        previous = [prev.details[n * G + g] for n, g in todo]
+        details_new, flat, metrics = self._score_pairs(
+            samples, [g for _, g in todo], turn=turn, previous=previous
+        )
+        rewards = prev.rewards.clone()
+        details = [dict(d, turn=turn, carried=True) for d in prev.details]
+        active = torch.zeros(N, G, dtype=torch.bool)
+        agent_rewards = None
+        if flat is not None or prev.agent_rewards is not None:
+            agent_rewards = {a: prev.reward_of(a).clone() for a in AGENTS}
+        for j, (n, g) in enumerate(todo):
+            rewards[n, g] = details_new[j]["total"]
+            details[n * G + g] = details_new[j]
+            active[n, g] = True
+            if agent_rewards is not None:
+                for a in AGENTS:
+                    agent_rewards[a][n, g] = flat[a][j] if flat is not None else details_new[j]["total"]
+        return Rollout(list(prev.problems), batch, rewards, details, G, time.time() - t0,
+                       agent_rewards=agent_rewards, active=active, turn=turn, shared_prompt=False,
+                       metrics=metrics)  # fmt: skip
+
+    def workflow_episode(self, problems: Sequence[Problem], step: int) -> list[Rollout]:
+        """One writer -> tester -> fixer episode per (problem, generation): three batched ``generate`` calls.
+
+        The writer writes the function; the tester writes asserts, which run on the writer's code in the sandbox
+        (:func:`orchestry.tasks.writer_tester_fixer.tester_reports`); the fixer reads the writer's code and that
+        report and writes the final function, scored on the problem's hidden asserts
+        (:func:`~orchestry.tasks.writer_tester_fixer.workflow_rewards`, the joint reward of all three agents).
+        Returns one :class:`Rollout` per agent (phase), all with the same joint rewards; the records (texts,
+        report, tokens) are on the writer's.
+        """
+        from orchestry.tasks import writer_tester_fixer as wtf
+
+        G, N = self.cfg.num_generations, len(problems)
+        limit = self.sampling.max_completion_length
+        probs = [p for p in problems for _ in range(G)]
+        tok = self.tokenizer
+        writer = self._generate([chat_prompt(tok, wtf.writer_prompt(p), wtf.WRITER_SYSTEM) for p in probs],
+                                ["writer"] * len(probs), self._seed(step))  # fmt: skip
+        w_texts = [i.text for i in writer.items]
+        tester = self._generate(
+            [
+                chat_prompt(tok, wtf.tester_prompt(p, w), wtf.TESTER_SYSTEM)
+                for p, w in zip(probs, w_texts, strict=True)
+            ],
+            ["tester"] * len(probs),
+            self._seed(step, _TURN_SEED),
+        )
+        t_texts = [i.text for i in tester.items]
+        t0 = time.time()
+        reports = wtf.tester_reports(probs, w_texts, t_texts, self.sandbox)
+        seconds = time.time() - t0
+        fixer = self._generate(
+            [chat_prompt(tok, wtf.fixer_prompt(p, w, r.text), wtf.FIXER_SYSTEM)
+             for p, w, r in zip(probs, w_texts, reports, strict=True)],
+            ["fixer"] * len(probs),
+            self._seed(step, 2 * _TURN_SEED),
+        )  # fmt: skip
+        f_texts = [i.text for i in fixer.items]
+        batches = {"writer": writer, "tester": tester, "fixer": fixer}
+        t0 = time.time()
+        cut = [[b.items[i].completion_tokens >= limit for b in batches.values()] for i in range(len(probs))]
+        results = wtf.workflow_rewards(probs, f_texts, self.sandbox, truncated=[any(c) for c in cut])
+        details = []
+        for i, r in enumerate(results):
+            d = r.to_dict()
+            d.update(task_id=probs[i].task_id, generation=i % G, writer=w_texts[i], tester=t_texts[i],
+                     fixer=f_texts[i], report=reports[i].text, tester_passed=reports[i].passed,
+                     tester_total=reports[i].total, truncated=any(cut[i]), attempt=0, turn=0)  # fmt: skip
+            for a, b in batches.items():
+                d[f"{a}_tokens"] = b.items[i].completion_tokens
+                d[f"{a}_truncated"] = b.items[i].completion_tokens >= limit
+            details.append(d)
+        flat, metrics = self._agent_rewards(
+            probs, {"writer": w_texts, "tester": t_texts, "fixer": f_texts}, details
+        )
+        metrics["tester_pass_rate"] = sum(r.total > 0 and r.passed == r.total for r in reports) / len(reports)
+        rewards = torch.tensor([d["total"] for d in details], dtype=torch.float32).view(N, G)
+        seconds += time.time() - t0
+        out = []
+        for k, (a, b) in enumerate(batches.items()):
+            ar = {a: flat[a].view(N, G)} if flat is not None else None
+            out.append(Rollout(list(problems), b, rewards, details if k == 0 else [], G,
+                               seconds if k == 0 else 0.0, agents=(a,), agent_rewards=ar,
+                               shared_prompt=k == 0, metrics=metrics if k == 0 else {}))  # fmt: skip
+        return out
+
+    def episode(self, problems: Sequence[Problem], step: int) -> list[Rollout]:
+        """One step's rollouts: the turns of the helper/main episode (``turns``; turn 1 dynamically resampled
+        when asked; stops early when every sample passed), or the writer/tester/fixer phases. Each rollout's
+        ``weight`` is its turn's loss weight."""
+        if self.cfg.workflow == "writer_tester_fixer":
+            return self.workflow_episode(problems, step)
+        ro = self.rollout(problems, step)
+        if self.cfg.dynamic_sampling == "resample":
+            ro = self.resample(ro, step)
+        turns = [ro]
+        for t in range(1, self.cfg.turns):
+            nxt = self.next_turn(turns[-1], step, t)
+            if nxt is None:
+                break
+            turns.append(nxt)
+        weights = self.cfg.turn_weights or [1.0] * self.cfg.turns
+        for t, r in enumerate(turns):
+            r.turn, r.weight = t, float(weights[t])
+        return turns
 
     def resample(self, ro: Rollout, step: int) -> Rollout:
         """Dynamic sampling (DAPO): roll the flat groups of ``ro`` out again, at most ``max_resample`` times.
@@ -415,88 +702,171 @@ class MAGRPOTrainer:
         return ro
 
     # ------------------------------------------------------------------ update
-    def update(self, ro: Rollout) -> dict:
-        """One AdamW step per agent on the MAGRPO loss; rows with zero advantage are skipped when beta = 0.
+    def update(self, episode: Rollout | Sequence[Rollout]) -> dict:
+        """One AdamW step per agent on the loss summed over the episode's rollouts (turns or phases), each
+        weighted by its ``weight``; with beta = 0 the group estimators skip rows with zero advantage.
 
-        With ``dynamic_sampling`` skip or resample, the flat groups (:func:`flat_groups`) are left out of the loss
+        Group estimators (``advantage``: mean, mean_std, rloo, max, raw): the MAGRPO loss
+        (:func:`orchestry.algorithms.magrpo.policy_loss`) on each agent's advantages, from its own rewards
+        (:meth:`Rollout.reward_of`: the joint reward unless per-agent credit or the coach is on). With
+        ``dynamic_sampling`` skip or resample, the flat groups (:func:`flat_groups`) are left out of the loss
         (their rows, KL terms included, and their share of the mean over problems): the update is the one the
-        other groups give alone. ``skipped_groups`` in the result is their share (0.0 without).
+        other groups give alone. ``skipped_groups`` in the result is their share in the first rollout.
+
+        ``reinforce_pp``: per-token advantages (:func:`orchestry.algorithms.reinforce_pp.reinforce_pp_advantages`:
+        -beta * KL per token in the reward, discounted returns, whitened over all valid tokens of the agent's
+        rows of the rollout), loss = -sum_t A_t log pi(y_t) / (number of those tokens). The policy's and the
+        base's log-probs for the KL come from a no-grad pass before the first backward.
 
         An agent's rows go through the model in micro-batches of whole problems (prompt + kept completions) of at
         most :meth:`micro_batch_tokens` tokens, one backward each; the loss is a sum over rows, so the accumulated
-        gradient equals the one-batch gradient while peak memory stays bounded.
+        gradient equals the one-batch gradient while peak memory stays bounded. Rows of samples a later turn did
+        not continue (``active`` False) are never trained.
         """
-        adv = group_advantages(ro.rewards, self.cfg.advantage)
-        flat_adv = adv.flatten()
-        out = {}
-        # dynamic sampling (skip / resample): the loss is the mean over the groups with unequal rewards only, so
-        # the update is the one those groups would give alone; None: every group counts (the paper's loss)
-        groups = None
-        if self.cfg.dynamic_sampling != "none":
-            flat = flat_groups(ro.rewards)
-            groups = [n for n, f in enumerate(flat.tolist()) if not f]
-            out["skipped_groups"] = float(flat.float().mean())
-        else:
-            out["skipped_groups"] = 0.0
-        in_loss = set(range(len(ro.problems))) if groups is None else set(groups)
+        rollouts = [episode] if isinstance(episode, Rollout) else list(episode)
+        first = rollouts[0]
+        out: dict = {
+            "skipped_groups": float(flat_groups(first.rewards).float().mean())
+            if self.cfg.dynamic_sampling != "none"
+            else 0.0
+        }
         self.model.train()
-        for a_idx, agent in enumerate(AGENTS):
-            rows = ro.rows(a_idx)
-            keep = [
-                j
-                for j, r in enumerate(rows)
-                if (self.cfg.beta > 0 or float(flat_adv[j]) != 0.0) and j // ro.G in in_loss
-            ]
+        for agent in self.agents:
             opt = self.optimizers[agent]
             opt.zero_grad(set_to_none=True)
-            if not keep and self.world_size == 1:
+            loss_value, n_rows, abs_adv = 0.0, 0, []
+            for ro in rollouts:
+                if agent not in ro.agents:
+                    continue
+                if self.cfg.advantage == "reinforce_pp":
+                    lv, nr, aa = self._accumulate_tokens(agent, ro)
+                else:
+                    lv, nr, aa = self._accumulate_groups(agent, ro)
+                loss_value, n_rows = loss_value + lv, n_rows + nr
+                if aa is not None:
+                    abs_adv.append(aa)
+            if abs_adv:
+                out[f"advantage_abs/{agent}"] = sum(abs_adv) / len(abs_adv)
+            if not n_rows and self.world_size == 1:
                 out[f"loss/{agent}"] = 0.0
                 continue
-            self.model.set_adapter(agent)
-            loss_value = 0.0
-            for chunk in self._micro_batches(ro, rows, keep):
-                sel = torch.tensor([rows[j] for j in chunk])
-                seqs, mask = ro.batch.sequences[sel], ro.batch.attention_mask[sel]
-                # trim columns that are padding in every row of the micro-batch
-                width = ro.batch.prompt_width
-                first = int((mask[:, :width].sum(dim=0) > 0).float().argmax())
-                last = int(mask.sum(dim=0).nonzero().max()) + 1
-                seqs, mask, width = seqs[:, first:last], mask[:, first:last], width - first
-                with bf16_autocast(self.model, self.cfg.bf16_update):
-                    seq_lp, tok_lp, tmask = completion_logprobs(self.model, seqs, mask, width)
-                    kl = None
-                    if self.cfg.beta > 0:
-                        with torch.no_grad(), self.model.disable_adapter():
-                            _, ref_lp, _ = completion_logprobs(self.model, seqs, mask, width)
-                        kl = k3_kl(tok_lp, ref_lp, tmask)
-                # loss over the full [N, G] grid: rows outside this micro-batch (or skipped, A = 0) add nothing
-                dev = seq_lp.device
-                idx = torch.tensor(chunk, device=dev)
-                full = torch.zeros(len(rows), device=dev).index_put((idx,), seq_lp.float())
-                kl_full = None
-                if kl is not None:
-                    kl_full = torch.zeros(len(rows), device=dev).index_put((idx,), kl.float()).view_as(adv)
-                if groups is None:
-                    loss = policy_loss(full.view_as(adv), adv.to(dev), kl_full, self.cfg.beta)
-                else:
-                    g_idx = torch.tensor(groups, device=dev)
-                    loss = policy_loss(
-                        full.view_as(adv)[g_idx],
-                        adv.to(dev)[g_idx],
-                        kl_full[g_idx] if kl_full is not None else None,
-                        self.cfg.beta,
-                    )
-                loss.backward()
-                loss_value += float(loss.detach())
-            if self.world_size > 1 and not self._average_gradients(agent, len(keep)):
+            if self.world_size > 1 and not self._average_gradients(agent, n_rows):
                 out[f"loss/{agent}"] = 0.0  # no process had a row with a non-zero advantage
                 continue
             torch.nn.utils.clip_grad_norm_(adapter_parameters(self.model, agent), self.cfg.max_grad_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)
             out[f"loss/{agent}"] = loss_value
-            out[f"rows_updated/{agent}"] = len(keep)
+            out[f"rows_updated/{agent}"] = n_rows
         return out
+
+    def _chunk_inputs(self, ro: Rollout, rows: list[int], chunk: list[int]):
+        """Sequences and mask of the rows ``chunk`` (indices into ``rows``), without the columns that are padding
+        in every one of them; returns ``(seqs, mask, prompt_width)``."""
+        sel = torch.tensor([rows[j] for j in chunk])
+        seqs, mask = ro.batch.sequences[sel], ro.batch.attention_mask[sel]
+        width = ro.batch.prompt_width
+        first = int((mask[:, :width].sum(dim=0) > 0).float().argmax())
+        last = int(mask.sum(dim=0).nonzero().max()) + 1
+        return seqs[:, first:last], mask[:, first:last], width - first
+
+    def _active(self, ro: Rollout) -> list[bool]:
+        return [True] * (len(ro.problems) * ro.G) if ro.active is None else ro.active.flatten().tolist()
+
+    def _accumulate_groups(self, agent: str, ro: Rollout) -> tuple[float, int, float | None]:
+        """Backward the group-estimator loss of ``agent``'s rows of ``ro`` (times ``ro.weight``); returns (loss,
+        rows trained, mean |advantage| of the active rows)."""
+        rewards = ro.reward_of(agent)
+        adv = group_advantages(rewards, self.cfg.advantage)
+        flat_adv = adv.flatten()
+        active = self._active(ro)
+        # dynamic sampling (skip / resample): the loss is the mean over the groups with unequal rewards only, so
+        # the update is the one those groups would give alone; None: every group counts (the paper's loss)
+        groups = None
+        if self.cfg.dynamic_sampling != "none":
+            groups = [n for n, f in enumerate(flat_groups(rewards).tolist()) if not f]
+        in_loss = set(range(len(ro.problems))) if groups is None else set(groups)
+        rows = ro.rows(agent)
+        keep = [
+            j
+            for j in range(len(rows))
+            if active[j] and (self.cfg.beta > 0 or float(flat_adv[j]) != 0.0) and j // ro.G in in_loss
+        ]
+        act = [float(flat_adv[j].abs()) for j in range(len(rows)) if active[j]]
+        mean_abs = sum(act) / len(act) if act else None
+        if not keep:
+            return 0.0, 0, mean_abs
+        self.model.set_adapter(agent)
+        loss_value = 0.0
+        for chunk in self._micro_batches(ro, rows, keep):
+            seqs, mask, width = self._chunk_inputs(ro, rows, chunk)
+            with bf16_autocast(self.model, self.cfg.bf16_update):
+                seq_lp, tok_lp, tmask = completion_logprobs(self.model, seqs, mask, width)
+                kl = None
+                if self.cfg.beta > 0:
+                    with torch.no_grad(), self.model.disable_adapter():
+                        _, ref_lp, _ = completion_logprobs(self.model, seqs, mask, width)
+                    kl = k3_kl(tok_lp, ref_lp, tmask)
+            # loss over the full [N, G] grid: rows outside this micro-batch (or skipped, A = 0) add nothing
+            dev = seq_lp.device
+            idx = torch.tensor(chunk, device=dev)
+            full = torch.zeros(len(rows), device=dev).index_put((idx,), seq_lp.float())
+            kl_full = None
+            if kl is not None:
+                kl_full = torch.zeros(len(rows), device=dev).index_put((idx,), kl.float()).view_as(adv)
+            if groups is None:
+                loss = policy_loss(full.view_as(adv), adv.to(dev), kl_full, self.cfg.beta)
+            else:
+                g_idx = torch.tensor(groups, device=dev)
+                loss = policy_loss(
+                    full.view_as(adv)[g_idx],
+                    adv.to(dev)[g_idx],
+                    kl_full[g_idx] if kl_full is not None else None,
+                    self.cfg.beta,
+                )
+            loss = loss * ro.weight
+            loss.backward()
+            loss_value += float(loss.detach())
+        return loss_value, len(keep), mean_abs
+
+    def _accumulate_tokens(self, agent: str, ro: Rollout) -> tuple[float, int, float | None]:
+        """Backward the REINFORCE++ loss of ``agent``'s active rows of ``ro`` (times ``ro.weight``); returns (loss,
+        rows trained, mean |advantage| over their tokens)."""
+        rows = ro.rows(agent)
+        active = self._active(ro)
+        keep = [j for j in range(len(rows)) if active[j] and int(ro.batch.completion_mask[rows[j]].sum()) > 0]
+        if not keep:
+            return 0.0, 0, None
+        pos = {j: i for i, j in enumerate(keep)}
+        cmask = ro.batch.completion_mask[torch.tensor([rows[j] for j in keep])].float()  # [K, T]
+        logp, ref = torch.zeros_like(cmask), torch.zeros_like(cmask)
+        chunks = self._micro_batches(ro, rows, keep)
+        self.model.set_adapter(agent)
+        if self.cfg.beta > 0:  # the sampling policy's and the base's log-probs, before any update
+            with torch.no_grad():
+                for chunk in chunks:
+                    seqs, mask, width = self._chunk_inputs(ro, rows, chunk)
+                    at = torch.tensor([pos[j] for j in chunk])
+                    with bf16_autocast(self.model, self.cfg.bf16_update):
+                        _, lp, _ = completion_logprobs(self.model, seqs, mask, width)
+                        with self.model.disable_adapter():
+                            _, rl, _ = completion_logprobs(self.model, seqs, mask, width)
+                    logp[at, : lp.shape[1]], ref[at, : rl.shape[1]] = lp.float().cpu(), rl.float().cpu()
+        rewards = ro.reward_of(agent).flatten()[torch.tensor(keep)]
+        adv = reinforce_pp_advantages(rewards, logp, ref, cmask, beta=self.cfg.beta, gamma=self.cfg.gamma,
+                                      kl_estimator=self.cfg.kl_estimator)  # fmt: skip
+        n_tokens = float(cmask.sum())
+        loss_value = 0.0
+        for chunk in chunks:
+            seqs, mask, width = self._chunk_inputs(ro, rows, chunk)
+            at = torch.tensor([pos[j] for j in chunk])
+            with bf16_autocast(self.model, self.cfg.bf16_update):
+                _, tok_lp, tmask = completion_logprobs(self.model, seqs, mask, width)
+            a = adv[at, : tok_lp.shape[1]].to(tok_lp.device)
+            loss = -(a * tok_lp.float() * tmask.float()).sum() / n_tokens * ro.weight
+            loss.backward()
+            loss_value += float(loss.detach())
+        return loss_value, len(keep), float((adv.abs() * cmask).sum() / n_tokens)
 
     def _average_gradients(self, agent: str, n_rows: int) -> int:
         """Average this agent's LoRA gradients over the processes with accelerate's ``reduce`` (one all-reduce).
@@ -543,7 +913,11 @@ class MAGRPOTrainer:
         used = 0
         for members in by_problem.values():
             prompt = int(mask[rows[members[0]], :P].sum())
-            lengths = [int(mask[rows[j], P:].sum()) for j in members]
+            # later turns: each row has its own prompt (counted per row, as a prompt of its own)
+            lengths = [int(mask[rows[j], P:].sum()) + (0 if ro.shared_prompt else int(mask[rows[j], :P].sum()))
+                       for j in members]  # fmt: skip
+            if not ro.shared_prompt:
+                prompt = 0
             if current and used + prompt + sum(lengths) > budget:
                 chunks.append(current)
                 current, used = [], 0
@@ -581,16 +955,17 @@ class MAGRPOTrainer:
         for step in steps:
             t0 = time.time()
             problems = self.problems_for_step(step)
-            ro = self.rollout(problems, step)
-            if self.cfg.dynamic_sampling == "resample":
-                ro = self.resample(ro, step)
+            episode = self.episode(problems, step)
             t1 = time.time()
-            upd = self.update(ro)
+            upd = self.update(episode)
             t2 = time.time()
-            rec = self._step_record(step, ro, upd, gen_s=ro.batch.seconds, upd_s=t2 - t1, total_s=t2 - t0)
+            gen_s = sum(r.batch.seconds for r in episode)
+            rec = self._step_record(step, episode, upd, gen_s=gen_s, upd_s=t2 - t1, total_s=t2 - t0)
             self.history.append(rec)
-            for d in ro.details:
-                self.samples.append({"step": step, **d})
+            for ro in episode:  # a later turn's records of samples that stopped early are not repeated
+                for d in ro.details:
+                    if not d.get("carried"):
+                        self.samples.append({"step": step, **d})
             if self.on_step and self.rank == 0:  # one log per run, from the main process
                 self.on_step(rec)
             if self.rank == 0:
@@ -618,14 +993,30 @@ class MAGRPOTrainer:
             [s for s in self.samples if s["step"] == step], f"samples/train_step_{step:04d}.json"
         )
 
-    def _step_record(self, step, ro: Rollout, upd: dict, gen_s: float, upd_s: float, total_s: float) -> dict:
+    def _step_record(
+        self,
+        step,
+        episode: Rollout | Sequence[Rollout],
+        upd: dict,
+        gen_s: float,
+        upd_s: float,
+        total_s: float,
+    ) -> dict:
+        """The step's metrics. Rewards, levels and rates are those of the first turn (comparable whatever
+        ``turns`` is; the workflow's first phase holds the episode's records); ``reward/turn_<t>`` is each turn's
+        mean reward (samples that stopped early count with their carried reward) and ``reward/<agent>`` each
+        agent's own reward when credit or the coach make them differ; tokens and seconds are the whole step's."""
+        rollouts = [episode] if isinstance(episode, Rollout) else list(episode)
+        ro = rollouts[0]
         det = ro.details
         n = len(det)
-        items = ro.batch.items
-        prompt_tokens, completion_tokens = ro.tokens or (
-            sum(i.prompt_tokens for i in items),
-            sum(i.completion_tokens for i in items),
-        )
+        prompt_tokens = completion_tokens = 0
+        for r in rollouts:
+            p_tok, c_tok = r.tokens or (
+                sum(i.prompt_tokens for i in r.batch.items),
+                sum(i.completion_tokens for i in r.batch.items),
+            )
+            prompt_tokens, completion_tokens = prompt_tokens + p_tok, completion_tokens + c_tok
         flat = float(flat_groups(ro.rewards).float().mean())
         rec = {
             "step": step,
@@ -654,11 +1045,25 @@ class MAGRPOTrainer:
             "tokens/prompt": prompt_tokens,
             "tokens/completion": completion_tokens,
             "seconds/generate": gen_s,
-            "seconds/reward": ro.reward_seconds,
+            "seconds/reward": sum(r.reward_seconds for r in rollouts),
             "seconds/update": upd_s,
             "seconds": total_s,
             "problems": [p.task_id for p in ro.problems],
         }
+        if self.cfg.turns > 1:
+            for t in range(
+                self.cfg.turns
+            ):  # a turn not reached (everything passed before) keeps the last one's
+                r = rollouts[min(t, len(rollouts) - 1)]
+                rec[f"reward/turn_{t + 1}"] = float(r.rewards.mean())
+            rec["turns_run"] = len(rollouts)
+        for r in rollouts:
+            for a in r.agents:
+                if r.agent_rewards is not None and a in r.agent_rewards and r.turn == 0:
+                    rec[f"reward/{a}"] = float(r.agent_rewards[a].mean())
+            for k, v in r.metrics.items():
+                key = k if r.turn == 0 else f"{k}/turn_{r.turn + 1}"
+                rec[key] = v
         rec.update(upd)
         return rec
 
@@ -713,7 +1118,7 @@ class MAGRPOTrainer:
                     for n, p in self.model.named_parameters()
                     if "lora_" in n and f".{a}." in n
                 }
-                for a in AGENTS
+                for a in self.agents
             },
             "optimizers": {a: o.state_dict() for a, o in self.optimizers.items()},
         }
@@ -765,14 +1170,14 @@ class MAGRPOTrainer:
         """
         state = torch.load(folder / "state.pt", weights_only=False, map_location="cpu")
         params = dict(self.model.named_parameters())
-        for a in AGENTS:
+        for a in self.agents:
             for n, t in state["adapters"][a].items():
                 if n not in params or params[n].shape != t.shape:
                     raise ValueError(f"adapter weight {n} does not fit the model")
         before = {n: p.detach().clone() for n, p in params.items() if "lora_" in n}
         try:
             with torch.no_grad():
-                for a in AGENTS:
+                for a in self.agents:
                     for n, t in state["adapters"][a].items():
                         params[n].copy_(t)
                     self.optimizers[a].load_state_dict(state["optimizers"][a])
@@ -832,7 +1237,7 @@ class MAGRPOTrainer:
         """Save each agent's adapter as a standard peft folder ``out_dir/<agent>``."""
         out_dir = Path(out_dir)
         paths = []
-        for a in AGENTS:
+        for a in self.agents:
             shutil.rmtree(out_dir / a, ignore_errors=True)
             self.model.save_pretrained(str(out_dir / "_tmp"), selected_adapters=[a])
             src = out_dir / "_tmp" / a if (out_dir / "_tmp" / a).exists() else out_dir / "_tmp"
