@@ -5,12 +5,13 @@ from pathlib import Path
 
 import mlflow
 
-from orchestry.evaluation import evaluate_agents
+from orchestry.evaluation import evaluate_agents, evaluate_workflow
 from orchestry.metrics import summarize
 from orchestry.mlflow_models import log_samples_table
 from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, read_jsonl, start_stage, write_json, write_jsonl
 from orchestry.tracking import log_metrics, stage_run
+from orchestry.training.magrpo import WORKFLOW_AGENTS
 
 ADAPTERS = Path("models/adapters/magrpo")
 
@@ -23,10 +24,18 @@ def main() -> None:
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
     methods: dict[str, dict] = {}
     with stage_run("evaluate", logged, params.mlflow.experiment):
-        model, tok = load_policy(params, with_adapters=str(ADAPTERS))
+        workflow = params.train_magrpo.workflow == "writer_tester_fixer"
+        agents = WORKFLOW_AGENTS[params.train_magrpo.workflow]
+        model, tok = load_policy(params, with_adapters=str(ADAPTERS), agents=agents)
         with open_sandbox(params) as sb:
-            for name, recs, summary in evaluate_agents(problems, model, tok, sb, params.sampling, cfg.num_samples,
-                                                       cfg.seed, cfg.batch_size, iv):  # fmt: skip
+            if workflow:  # base vs trained writer -> tester -> fixer episodes
+                pairs = evaluate_workflow(
+                    problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed, iv
+                )
+            else:
+                pairs = evaluate_agents(problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed,
+                                        cfg.batch_size, iv)  # fmt: skip
+            for name, recs, summary in pairs:
                 methods[name] = summary
                 write_jsonl(f"reports/eval/{name}.jsonl", recs)
                 mlflow.log_artifact(f"reports/eval/{name}.jsonl", "samples")

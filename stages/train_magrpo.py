@@ -39,11 +39,9 @@ CSV_FIELDS = [
     "truncation_rate", "truncation_rate/helper", "truncation_rate/main",
     *(f"scheme/{s}" for s in SCHEMES),
     "zero_variance_groups", "skipped_groups", "resample_rollouts", "resampled_groups",
-    # options: turns, per-agent rewards (credit, coach), the workflow's agents
-    "turns_run", *(f"reward/turn_{t}" for t in range(1, 9)),
-    *(f"reward/{a}" for a in ("helper", "main", "writer", "tester", "fixer")),
-    "credit/helper", "credit/main", "coach/calls", "coach/failures", "tester_pass_rate",
 ]  # fmt: skip
+# columns the options add when on (turns, per-agent rewards from credit or the coach, the workflow's tester)
+OPTION_PREFIXES = ("turns_run", "reward/", "credit/", "coach/", "advantage_abs/", "tester_pass_rate")
 
 
 def main() -> None:
@@ -93,7 +91,8 @@ def main() -> None:
         trainer.save_adapters(ADAPTERS)
         STEPS_CSV.parent.mkdir(parents=True, exist_ok=True)
         with open(STEPS_CSV, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+            options = sorted({k for rec in history for k in rec if k.startswith(OPTION_PREFIXES)})
+            w = csv.DictWriter(f, fieldnames=CSV_FIELDS + options, extrasaction="ignore")
             w.writeheader()
             for rec in history:
                 w.writerow(rec)

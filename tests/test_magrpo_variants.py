@@ -293,6 +293,21 @@ def test_writer_tester_fixer_workflow_trains_three_adapters(embedded_tokenizer, 
     assert any(rec[f"advantage_abs/{a}"] > 0 for a in WTF)
     trainer.save_adapters(tmp_path / "adapters")
     assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == sorted(WTF)
+    # the evaluate stage's comparison: the same episodes without, then with the adapters
+    from orchestry.config import IntervalsParams
+    from orchestry.evaluation import evaluate_workflow
+
+    model.eval()
+    out = {n: (recs, summ) for n, recs, summ in evaluate_workflow(problems, model, tok, sandbox, sampling, 2, 0,
+                                                                   IntervalsParams(resamples=100))}  # fmt: skip
+    assert list(out) == ["base", "magrpo"]
+    for name, (recs, summ) in out.items():
+        assert len(recs) == 2 and all(
+            r["method"] == name and r["main"] == r["fixer"] and r["helper"] == "" for r in recs
+        )
+        assert summ["reward"] == pytest.approx(sum(r["total"] for r in recs) / 2) and summ["n_samples"] == 2
+    texts = {n: [(r["writer"], r["tester"], r["fixer"]) for r in recs] for n, (recs, _) in out.items()}
+    assert texts["base"] != texts["magrpo"]  # the trained adapters are used (at least one of them changed)
 
 
 def test_params_reject_inconsistent_options():

@@ -87,3 +87,45 @@ def evaluate_agents(
         summary = summarize(recs, ks, intervals.confidence, intervals.resamples)
         summary["seconds"] = time.time() - t0
         yield name, recs, summary
+
+
+def evaluate_workflow(
+    problems: Sequence[Problem],
+    model,
+    tokenizer,
+    sandbox,
+    sampling: SamplingParams,
+    num_samples: int,
+    seed: int,
+    intervals: IntervalsParams,
+) -> Iterator[tuple[str, list[dict], dict]]:
+    """The writer -> tester -> fixer workflow (``train_magrpo.workflow: writer_tester_fixer``) without and with
+    its trained adapters: yields ``("base", records, summary)`` then ``("magrpo", records, summary)``.
+
+    Each record is one episode (:func:`orchestry.training.magrpo.workflow_rollout`, ``num_samples`` per
+    problem, the same seed for both): the single-agent level reward of the fixer's final code (0..2.1; no
+    cooperation level), ``main`` = the fixer's code, ``helper`` empty, plus the writer's and tester's texts and
+    the tester's report; tokens are the three agents' together.
+
+    Args:
+        model: a peft model with adapters ``writer``, ``tester``, ``fixer``.
+    """
+    from orchestry.metrics import summarize
+    from orchestry.training.magrpo import BASE, WORKFLOW_AGENTS, workflow_rollout
+
+    agents = WORKFLOW_AGENTS["writer_tester_fixer"]
+    ks = sorted({1, num_samples})
+    for name, adapters in (("base", (BASE,) * len(agents)), ("magrpo", agents)):
+        t0 = time.time()
+        batches, details, _ = workflow_rollout(
+            model, tokenizer, problems, num_samples, sandbox, sampling, seed, adapters
+        )
+        recs = []
+        for i, d in enumerate(details):
+            items = [batches[a].items[i] for a in agents]
+            recs.append({**d, "method": name, "sample": d["generation"],
+                         "prompt_tokens": sum(it.prompt_tokens for it in items),
+                         "completion_tokens": sum(it.completion_tokens for it in items)})  # fmt: skip
+        summary = summarize(recs, ks, intervals.confidence, intervals.resamples)
+        summary["seconds"] = time.time() - t0
+        yield name, recs, summary

@@ -62,11 +62,14 @@ def open_sandbox(params: Params):
     )
 
 
-def load_policy(params: Params, with_adapters: str | None = None):
+def load_policy(
+    params: Params, with_adapters: str | None = None, agents: tuple[str, ...] = ("helper", "main")
+):
     """Load the base model (``params.model``) and optionally the trained adapters from a folder.
 
     Args:
-        with_adapters: folder holding ``helper/`` and ``main/`` peft adapters (``train_magrpo``'s output).
+        with_adapters: folder holding one peft adapter folder per agent (``train_magrpo``'s output).
+        agents: the adapters to load (``helper``, ``main``; the workflow's ``writer``, ``tester``, ``fixer``).
 
     Returns:
         ``(model, tokenizer)``; with adapters, a PeftModel with adapters named ``helper`` and ``main``.
@@ -81,8 +84,9 @@ def load_policy(params: Params, with_adapters: str | None = None):
         from peft import PeftModel
 
         root = Path(with_adapters)
-        model = PeftModel.from_pretrained(model, str(root / "helper"), adapter_name="helper")
-        model.load_adapter(str(root / "main"), adapter_name="main")
+        model = PeftModel.from_pretrained(model, str(root / agents[0]), adapter_name=agents[0])
+        for agent in agents[1:]:
+            model.load_adapter(str(root / agent), adapter_name=agent)
     model.eval()
     return model, tok
 
