@@ -148,3 +148,17 @@ def test_mix_rewards() -> None:
         mix_rewards(1.0, 1.0, -0.1, 1.0)
     with pytest.raises(ValueError, match="broadcast"):
         mix_rewards([1, 2, 3], [1, 2], 0.5, 0.5)
+
+
+def test_few_shot_puts_the_worked_examples_before_the_question() -> None:
+    from orchestry.rewards.coach import FEW_SHOT
+
+    srv = FakeOpenAI(reply=lambda b: GOOD)
+    with srv.running():
+        chat = OpenAICompatibleChat("coach-model", srv.url + "/v1", price=Price(1.0, 1.0))
+        coach = Coach(CachedChat(chat, ResponseCache(":memory:"), CostTracker()), few_shot=True)
+        [s] = coach.score([PROMPT])
+    assert s.score == 7.0
+    sent = srv.posts[0]["body"]["messages"][1:]  # after the system message
+    assert [(m["role"], m["content"]) for m in sent] == [*FEW_SHOT, ("user", PROMPT)]
+    assert "PROCESS_SCORE: 2" in FEW_SHOT[1][1] and "PROCESS_SCORE: 9" in FEW_SHOT[3][1]

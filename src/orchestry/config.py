@@ -131,6 +131,10 @@ class CoachParams(_Section):
     w_process: float = Field(0.1, ge=0, le=1e3, description="weight of the 0-10 process score")
     w_outcome: float = Field(1.0, ge=0, le=1e3, description="weight of the outcome (level) reward")
     max_tokens: int = Field(48, ge=8, le=4096, description="tokens per coach answer")
+    few_shot: bool = Field(
+        True,
+        description="two worked examples before each question (small coach models then follow the format)",
+    )
     show_feedback: bool = Field(
         False, description="turns > 1: the next turn's prompts also carry the coach's feedback"
     )

@@ -92,6 +92,16 @@ class CoachScore:
     raw: str = ""
 
 
+# two worked examples put before the real question (``few_shot``): a small coach model copies their answer format
+# (the embedded 135M model answers none of the bare prompts in the format, but nearly all after these)
+FEW_SHOT: tuple[tuple[str, str], ...] = (
+    ("user", coach_prompt("Write inc(x) that returns x + 1.", "main", "def inc(x):\n    return x - 1")),
+    ("assistant", "FEEDBACK: inc subtracts 1 instead of adding it.\nPROCESS_SCORE: 2"),
+    ("user", coach_prompt("Write double(x) that returns 2 * x.", "main", "def double(x):\n    return 2 * x")),
+    ("assistant", "FEEDBACK: correct and simple.\nPROCESS_SCORE: 9"),
+)
+
+
 class Coach:
     """Score agent steps with an LLM through a cached, costed client.
 
@@ -99,14 +109,19 @@ class Coach:
         client: object with ``complete_batch([ChatRequest]) -> [ChatResult]`` (e.g. a
             :class:`~orchestry.llm.cache.CachedChat` around any backend of :mod:`orchestry.llm.backends`).
         max_tokens: tokens per coach answer; temperature: sampling temperature (``None``: backend default).
+        few_shot: put two worked examples (:data:`FEW_SHOT`, a bad step scored 2, a good one 9) before each
+            question, so that small coach models answer in the format.
 
     Attributes (counters since creation): ``calls`` (requests answered), ``reasks`` (second requests after a
     bad format), ``fallbacks`` (scores taken from the first number), ``failures`` (neutral 5.0: no number or a
     failed call).
     """
 
-    def __init__(self, client, max_tokens: int = 128, temperature: float | None = 0.0):
+    def __init__(
+        self, client, max_tokens: int = 128, temperature: float | None = 0.0, few_shot: bool = False
+    ):
         self.client, self.max_tokens, self.temperature = client, max_tokens, temperature
+        self.few_shot = few_shot
         self.calls = self.reasks = self.fallbacks = self.failures = 0
 
     def counters(self) -> dict[str, int]:
@@ -119,7 +134,7 @@ class Coach:
         }
 
     def _request(self, prompt: str, tags: tuple[str, ...], retry_of: str | None = None) -> ChatRequest:
-        msgs: tuple = (("user", prompt),)
+        msgs: tuple = (*(FEW_SHOT if self.few_shot else ()), ("user", prompt))
         if retry_of is not None:
             msgs += (("assistant", retry_of or "(no answer)"), ("user", FORMAT))
         return ChatRequest(msgs, COACH_SYSTEM, 0, self.max_tokens, self.temperature, None, tags)
@@ -215,7 +230,7 @@ def open_coach(cfg, model_path: str = "models/base", model_dtype: str = "float32
     path = cache_path or (repo_root() / cfg.cache_path)
     chat = CachedChat(backend, ResponseCache(path), CostTracker(budget_usd=cfg.budget_usd))
     # local: greedy (0.0) makes the coach deterministic; API models take their default temperature
-    return Coach(chat, max_tokens=cfg.max_tokens, temperature=0.0 if local else None)
+    return Coach(chat, max_tokens=cfg.max_tokens, temperature=0.0 if local else None, few_shot=cfg.few_shot)
 
 
 def mix_rewards(process, outcome, w_process: float, w_outcome: float):
