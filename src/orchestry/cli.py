@@ -4,7 +4,8 @@ Commands: ``score`` (level reward of completions in a file), ``evaluate`` (base 
 HumanEval-format file, the ``evaluate`` stage's metrics), ``compare`` (pipeline executions and their key metrics
 from MLflow), ``show-best`` (best and worst transcripts), ``ui`` (the MLflow UI on the project's store),
 ``smoke`` (the whole pipeline with micro params in a temporary copy), ``report`` (``reports/index.html``),
-``seeds`` (DVC experiments aggregated over seeds).
+``seeds`` (DVC experiments aggregated over seeds), ``paired`` (two methods' evaluation samples, paired by
+problem, with bootstrap intervals).
 
 Errors are one line on stderr (``error: --option: what is wrong``), whatever ``--quiet`` says: exit code 2
 for a bad option value or an unusable file, 1 for anything else; ``--debug`` (global, ``orchestry --debug CMD``,
@@ -501,6 +502,64 @@ def compare(
     if not console.is_terminal:  # piped: wide enough for every column instead of rich's 80
         console = Console(width=200)
     console.print(t)
+
+
+@app.command()
+def paired(
+    reference: Annotated[Path, typer.Argument(help="Sample file of the reference method (JSONL).")],
+    others: Annotated[list[Path], typer.Argument(help="Sample file(s) of the method(s) compared with it.")],
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Per-sample metric; repeatable. Default: every level, pass, cooperation and aux facts."
+        ),
+    ] = None,
+    confidence: Annotated[float, typer.Option(min=0.5, max=0.999, help="Interval level.")] = 0.95,
+    resamples: Annotated[int, typer.Option(min=100, help="Bootstrap resamples.")] = 10_000,
+    csv: Annotated[
+        Path | None, typer.Option(help="Also write every table as one CSV (column 'file').")
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Each OTHER minus REFERENCE, paired by problem, with percentile-bootstrap intervals over problems.
+
+    Inputs are evaluation samples, e.g. ``reports/eval/base.jsonl`` and ``reports/eval/magrpo.jsonl``, or
+    another experiment's copy of them (``dvc exp apply NAME`` then copy, or ``git show`` of a committed copy).
+    """
+    import pandas as pd
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestry.compare import SAMPLE_METRICS, CompareError, paired_comparison, read_samples
+    from orchestry.scoring import FileOptionError
+
+    tables = []
+    with _errors(debug, (CompareError, ""), (FileOptionError, "")):
+        _out_file(csv, "--csv")
+        ref = read_samples(reference)
+        for other in others:
+            t = paired_comparison(ref, read_samples(other), metric or SAMPLE_METRICS, confidence, resamples)
+            tables.append(t.assign(file=str(other)))
+        if csv is not None:
+            csv.parent.mkdir(parents=True, exist_ok=True)
+            pd.concat(tables).to_csv(csv, index=False)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    for other, t in zip(others, tables, strict=True):
+        n = int(t["n_problems"].max()) if len(t) else 0
+        tab = Table(title=f"{other} - {reference} ({n} problems, {confidence:.0%} bootstrap intervals)")
+        for c in ("metric", str(reference), str(other), "difference", "excludes 0"):
+            tab.add_column(c, justify="left" if c == "metric" else "right")
+        for _, r in t.iterrows():
+            tab.add_row(
+                r["metric"],
+                f"{r['reference']:.3f} [{r['reference_low']:.3f}, {r['reference_high']:.3f}]",
+                f"{r['other']:.3f} [{r['other_low']:.3f}, {r['other_high']:.3f}]",
+                f"{r['diff']:+.3f} [{r['diff_low']:+.3f}, {r['diff_high']:+.3f}]",
+                "yes" if r["excludes_zero"] else "no",
+            )
+        console.print(tab)
 
 
 def _compare_caption(table) -> str:

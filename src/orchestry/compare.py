@@ -141,3 +141,132 @@ def executions(
         out.append(row)
     table = pd.DataFrame(out, columns=cols)
     return table.sort_values("started", ascending=False, kind="stable").reset_index(drop=True)
+
+
+# -- paired comparison of two methods' evaluation samples ---------------------------------------------------------
+
+#: Per-sample quantities compared by :func:`paired_comparison`: the level reward (total, max 4.0, and each level),
+#: the pass flag, the gated cooperation flag (cooperation points > 0), the ungated ``aux`` facts and truncation.
+SAMPLE_METRICS = (
+    "total",
+    "structure",
+    "syntax",
+    "tests",
+    "cooperation",
+    "pass",
+    "coop_rate",
+    "aux_defined",
+    "aux_called",
+    "aux_used",
+    "truncated",
+)
+
+
+def _sample_value(r: dict, key: str) -> float | None:
+    from orchestry.metrics import is_pass
+
+    if key == "pass":
+        return float(is_pass(r))
+    if key == "coop_rate":
+        return float(r.get("cooperation", 0) > 0)
+    v = r.get(key)
+    return None if v is None else float(v)
+
+
+def read_samples(path: str | Path) -> list[dict]:
+    """The records of a JSONL sample file (one JSON object per line, each with a ``task_id``).
+
+    Raises:
+        CompareError: the file is missing or unreadable, a line is not a JSON object, or lacks ``task_id``.
+    """
+    import json
+
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CompareError(f"{path}: cannot read ({e.strerror or e})") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CompareError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(r, dict) or "task_id" not in r:
+            raise CompareError(f"{path}:{n}: a sample record needs a task_id")
+        out.append(r)
+    return out
+
+
+def per_problem_means(records: Sequence[dict], key: str) -> dict[str, float]:
+    """``task_id`` -> mean of ``key`` over that problem's samples (samples that lack ``key`` are left out)."""
+    sums: dict[str, list[float]] = {}
+    for r in records:
+        v = _sample_value(r, key)
+        if v is not None:
+            sums.setdefault(r["task_id"], []).append(v)
+    return {t: sum(v) / len(v) for t, v in sums.items()}
+
+
+def paired_comparison(
+    reference: Sequence[dict],
+    other: Sequence[dict],
+    metrics: Sequence[str] = SAMPLE_METRICS,
+    confidence: float = 0.95,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """``other`` minus ``reference``, paired by problem, for each per-sample metric.
+
+    Each method's value on a problem is the mean over its samples of that problem; the table's means are over the
+    problems both methods were evaluated on, and each interval is a percentile bootstrap over those problems
+    (``n_boot`` resamples; the difference's resamples whole problems, so it is paired). Records are the
+    ``evaluate`` stage's (``reports/eval/*.jsonl``) or a baseline's (``reports/baselines/*.jsonl``).
+
+    Returns:
+        one row per metric that both inputs record: ``metric``, ``n_problems``, ``reference``, ``reference_low``,
+        ``reference_high``, ``other``, ``other_low``, ``other_high``, ``diff``, ``diff_low``, ``diff_high``,
+        ``excludes_zero`` (the difference's interval lies on one side of 0).
+
+    Raises:
+        CompareError: an empty input, an unknown metric, or no problem in common.
+    """
+    from orchestry.metrics import bootstrap_ci
+
+    if not reference or not other:
+        raise CompareError("both sample files need at least one record")
+    unknown = [m for m in metrics if m not in SAMPLE_METRICS]
+    if unknown:
+        raise CompareError(f"unknown metric(s) {', '.join(unknown)} (known: {', '.join(SAMPLE_METRICS)})")
+    ref_tasks = {r["task_id"] for r in reference}
+    shared = sorted(ref_tasks & {r["task_id"] for r in other})
+    if not shared:
+        raise CompareError("the two sample files have no problem (task_id) in common")
+    rows = []
+    for m in metrics:
+        a, b = per_problem_means(reference, m), per_problem_means(other, m)
+        tasks = [t for t in shared if t in a and t in b]
+        if not tasks:
+            continue  # e.g. truncation not recorded by an older run
+        xa, xb = [a[t] for t in tasks], [b[t] for t in tasks]
+        d = [y - x for x, y in zip(xa, xb, strict=True)]
+        ci = [bootstrap_ci(v, confidence, n_boot, seed) for v in (xa, xb, d)]
+        rows.append(
+            {
+                "metric": m,
+                "n_problems": len(tasks),
+                "reference": sum(xa) / len(xa),
+                "reference_low": ci[0][0],
+                "reference_high": ci[0][1],
+                "other": sum(xb) / len(xb),
+                "other_low": ci[1][0],
+                "other_high": ci[1][1],
+                "diff": sum(d) / len(d),
+                "diff_low": ci[2][0],
+                "diff_high": ci[2][1],
+                "excludes_zero": ci[2][0] > 0 or ci[2][1] < 0,
+            }
+        )
+    return pd.DataFrame(rows)
