@@ -96,3 +96,14 @@ def test_cli_missing_file_is_one_error_line_and_exit_code_2(tmp_path):
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("error: ") and "nope.jsonl: cannot read" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_cli_plot_draws_a_png_and_checks_the_labels(tmp_path):
+    ref = write(tmp_path / "base.jsonl", [rec("A", 1.0, aux_called=False), rec("B", 1.0, aux_called=False)])
+    a = write(tmp_path / "a.jsonl", [rec("A", 3.0, aux_called=True), rec("B", 2.0, aux_called=False)])
+    png = tmp_path / "fig" / "paired.png"
+    ok = runner.invoke(app, ["paired", str(ref), str(a), "--plot", str(png), "--label", "variant a"])
+    assert ok.exit_code == 0, ok.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    bad = runner.invoke(app, ["paired", str(ref), str(a), "--plot", str(png), "--label", "x", "--label", "y"])
+    assert bad.exit_code == 2 and "--label: 2 labels for 1 compared files" in bad.stderr

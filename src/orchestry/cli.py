@@ -519,6 +519,13 @@ def paired(
     csv: Annotated[
         Path | None, typer.Option(help="Also write every table as one CSV (column 'file').")
     ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(help="Also draw every difference with its interval (PNG), one panel per metric."),
+    ] = None,
+    label: Annotated[
+        list[str] | None, typer.Option(help="Name of each OTHER in the figure (default: its file name).")
+    ] = None,
     debug: Debug = False,
 ) -> None:
     """Each OTHER minus REFERENCE, paired by problem, with percentile-bootstrap intervals over problems.
@@ -530,12 +537,13 @@ def paired(
     from rich.console import Console
     from rich.table import Table
 
-    from orchestry.compare import SAMPLE_METRICS, CompareError, paired_comparison, read_samples
+    from orchestry.compare import SAMPLE_METRICS, CompareError, paired_comparison, plot_paired, read_samples
     from orchestry.scoring import FileOptionError
 
     tables = []
     with _errors(debug, (CompareError, ""), (FileOptionError, "")):
         _out_file(csv, "--csv")
+        _out_file(plot, "--plot")
         ref = read_samples(reference)
         for other in others:
             t = paired_comparison(ref, read_samples(other), metric or SAMPLE_METRICS, confidence, resamples)
@@ -543,6 +551,10 @@ def paired(
         if csv is not None:
             csv.parent.mkdir(parents=True, exist_ok=True)
             pd.concat(tables).to_csv(csv, index=False)
+        if plot is not None:
+            if label and len(label) != len(others):
+                raise CompareError(f"--label: {len(label)} labels for {len(others)} compared files")
+            plot_paired(tables, label or [o.stem for o in others], plot)
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)

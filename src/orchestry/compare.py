@@ -270,3 +270,45 @@ def paired_comparison(
             }
         )
     return pd.DataFrame(rows)
+
+
+def plot_paired(
+    tables: Sequence[pd.DataFrame], labels: Sequence[str], out_png: str | Path, dpi: int = 120
+) -> None:
+    """One panel per metric: each compared method's difference to the reference (a dot) with its interval (a bar),
+    from :func:`paired_comparison` tables; a dashed line at 0. The reward levels share one panel scale each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [m for m in SAMPLE_METRICS if any(m in set(t["metric"]) for t in tables)]
+    if not metrics:
+        raise CompareError("nothing to plot: the tables have no metric")
+    cols = min(4, len(metrics))
+    rows = (len(metrics) + cols - 1) // cols
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(3.2 * cols, 0.5 * len(labels) * rows + 1.6 * rows), squeeze=False
+    )
+    for ax, m in zip(axes.flat, metrics, strict=False):
+        if len(tables) != len(labels):
+            raise CompareError(f"{len(labels)} labels for {len(tables)} tables")
+        for i, t in enumerate(tables):
+            r = t[t["metric"] == m]
+            if r.empty:
+                continue
+            r = r.iloc[0]
+            ax.errorbar(r["diff"], i, xerr=[[r["diff"] - r["diff_low"]], [r["diff_high"] - r["diff"]]], fmt="o",
+                        color="C3" if r["excludes_zero"] else "C0", capsize=3)  # fmt: skip
+        ax.axvline(0, color="grey", ls="--", lw=1)
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_ylim(-0.6, len(labels) - 0.4)
+        ax.set_title(m, fontsize=9)
+        ax.tick_params(labelsize=8)
+    for ax in list(axes.flat)[len(metrics) :]:
+        ax.axis("off")
+    fig.suptitle("difference to the reference, paired by problem (red: interval excludes 0)", fontsize=10)
+    fig.tight_layout()
+    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=dpi)
+    plt.close(fig)
