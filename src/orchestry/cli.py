@@ -245,6 +245,16 @@ def seeds(
         ),
     ] = None,
     confidence: Annotated[float, typer.Option(min=0.5, max=0.999, help="Interval level.")] = 0.95,
+    vary: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Params key that may differ besides the seed (repeatable; default evaluate.seed). Every other "
+            "param must equal the workspace's, so swept variants do not mix into the seeds."
+        ),
+    ] = None,
+    any_params: Annotated[
+        bool, typer.Option("--any-params", help="Aggregate every experiment, whatever its other params.")
+    ] = False,
     repo: Annotated[Path, typer.Option(help="DVC repository.")] = Path("."),
     debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")] = False,
 ) -> None:
@@ -265,7 +275,8 @@ def seeds(
     keys = [" - ".join(f"metric:{part.strip()}" for part in m.split(" - ")) for m in metrics]
     try:
         df = collect(repo)
-        per_seed, summary = seed_table(df, f"param:params.yaml:{seed_param}", keys, confidence)
+        free = None if any_params else [f"param:params.yaml:{k}" for k in (vary or ["evaluate.seed"])]
+        per_seed, summary = seed_table(df, f"param:params.yaml:{seed_param}", keys, confidence, vary=free)
     except (RuntimeError, KeyError) as e:
         _fail(str(e), 2, debug)
     console = Console()
@@ -283,6 +294,10 @@ def seeds(
         s.add_row(k.replace("metric:", ""), str(row["n_seeds"]), f"{row['mean']:.3f}",
                   f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]", "yes" if row["excludes_zero"] else "no")  # fmt: skip
     console.print(s)
+    if per_seed.attrs.get("left_out"):
+        left = per_seed.attrs["left_out"]
+        console.print(f"left out {len(left)} experiment(s) with other params (--vary KEY or --any-params to "
+                      f"include them): {', '.join(left)}")  # fmt: skip
 
 
 def _load_params(path: Path | None):

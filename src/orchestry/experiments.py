@@ -65,16 +65,22 @@ def seed_table(
     metrics: Sequence[str],
     confidence: float = 0.95,
     resamples: int = 10_000,
+    vary: Sequence[str] | None = ("param:params.yaml:evaluate.seed",),
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-seed values of ``metrics`` (column names of ``df``; ``A - B`` means the difference of two columns)
     and their mean over seeds with a bootstrap interval over seeds.
 
-    Experiments with the same seed (e.g. the workspace and the commit or experiment it came from) count once:
-    the first row per seed in ``df``'s order (workspace, then newest commits with their experiments) that has
-    any of the metrics. Rows lacking a metric are dropped for that metric.
+    Only one configuration is aggregated: the reference is the first row (in ``df``'s order: workspace, then
+    newest commits with their experiments) that has any of the metrics, and a row counts only if every other
+    ``param:`` column equals the reference's, except ``seed_param`` and the columns in ``vary`` (default: the
+    evaluation seed). So variants swept in the same repository (``-S train_magrpo.turns=2``) never mix into the
+    default's seeds. ``vary=None`` turns the check off. Experiments with the same seed (e.g. the workspace and
+    the commit or experiment it came from) count once: the first such row per seed. Rows lacking a metric are
+    dropped for that metric.
 
     Returns:
-        (per_seed, summary): ``per_seed`` indexed by seed with one column per metric; ``summary`` with rows
+        (per_seed, summary): ``per_seed`` indexed by seed with one column per metric, its
+        ``attrs["left_out"]`` the names of the rows with metrics left out for other params; ``summary`` with rows
         per metric and columns ``n_seeds, mean, ci_low, ci_high, excludes_zero``.
 
     Raises:
@@ -97,7 +103,20 @@ def seed_table(
     # Rows without any of the metrics (e.g. an old commit whose reports predate them) never stand for a seed;
     # of the rest, the first per seed wins: the workspace, then the newest commit and its experiments.
     values = values.dropna(subset=[seed_param]).dropna(subset=list(metrics), how="all")
+    left_out: list[str] = []
+    if vary is not None and len(values):
+        free = {seed_param, *vary}
+        fixed = [c for c in df.columns if c.startswith("param:") and c not in free]
+        ref = df.loc[values.index[0], fixed]
+        same = df.loc[values.index, fixed].apply(
+            lambda row: all((pd.isna(a) and pd.isna(b)) or a == b for a, b in zip(row, ref, strict=True)),
+            axis=1,
+        )
+        names = df["name"] if "name" in df.columns else pd.Series(df.index.astype(str), index=df.index)
+        left_out = [str(n) for n in names.loc[same.index[~same]]]
+        values = values[same]
     per_seed = values.groupby(seed_param, sort=True).head(1).set_index(seed_param).sort_index()
+    per_seed.attrs["left_out"] = left_out
     rows = []
     for m in metrics:
         vals = [float(v) for v in per_seed[m].dropna()]
