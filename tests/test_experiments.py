@@ -124,23 +124,30 @@ def test_seed_table_ignores_old_commits_without_the_metrics():
 
 
 def test_seed_table_keeps_swept_variants_out_of_the_defaults_seeds():
-    seed, ev, turns = (
-        f"param:params.yaml:{k}" for k in ("train_magrpo.seed", "evaluate.seed", "train_magrpo.turns")
+    seed, ev, turns, weights = (
+        f"param:params.yaml:{k}"
+        for k in ("train_magrpo.seed", "evaluate.seed", "train_magrpo.turns", "train_magrpo.turn_weights")
     )
     m = "metric:m.json:r"
     df = pd.DataFrame(
         [
-            {"name": "workspace", seed: 0, ev: 1, turns: 1, m: 0.5},
-            {"name": "turns2", seed: 0, ev: 1, turns: 2, m: 0.9},
-            {"name": "turns2_s1", seed: 1, ev: 2, turns: 2, m: 0.9},
-            {"name": "default_s1", seed: 1, ev: 2, turns: 1, m: 0.6},
-            {"name": "default_s2", seed: 2, ev: 3, turns: 1, m: 0.7},
+            {"name": "workspace", seed: 0, ev: 1, turns: 1, weights: [1.0, 0.5], m: 0.5},
+            {"name": "turns2", seed: 0, ev: 1, turns: 2, weights: [1.0, 0.5], m: 0.9},
+            {"name": "turns2_s1", seed: 1, ev: 2, turns: 2, weights: [1.0, 0.5], m: 0.9},
+            {"name": "default_s1", seed: 1, ev: 2, turns: 1, weights: [1.0, 0.5], m: 0.6},
+            {"name": "default_s2", seed: 2, ev: 3, turns: 1, weights: [1.0, 0.5], m: 0.7},
+            {"name": "other_w", seed: 3, ev: 4, turns: 1, weights: [1.0, 1.0], m: 0.1},
         ]
     )
     per_seed, summary = seed_table(df, seed, [m], resamples=200)
     assert per_seed[m].to_dict() == {0: 0.5, 1: 0.6, 2: 0.7}
-    assert per_seed.attrs["left_out"] == ["turns2", "turns2_s1"]
+    assert per_seed.attrs["left_out"] == ["turns2", "turns2_s1", "other_w"]
     # the evaluation seed is not allowed to differ when vary is empty: only seed 0 is left
     assert seed_table(df, seed, [m], resamples=200, vary=())[0][m].to_dict() == {0: 0.5}
     # vary=None: no check, the first row per seed wins (turns2_s1 hides default_s1)
-    assert seed_table(df, seed, [m], resamples=200, vary=None)[0][m].to_dict() == {0: 0.5, 1: 0.9, 2: 0.7}
+    assert seed_table(df, seed, [m], resamples=200, vary=None)[0][m].to_dict() == {
+        0: 0.5,
+        1: 0.9,
+        2: 0.7,
+        3: 0.1,
+    }

@@ -296,8 +296,9 @@ def seeds(
     console.print(s)
     if per_seed.attrs.get("left_out"):
         left = per_seed.attrs["left_out"]
+        shown = ", ".join(left[:12]) + (f" and {len(left) - 12} more" if len(left) > 12 else "")
         console.print(f"left out {len(left)} experiment(s) with other params (--vary KEY or --any-params to "
-                      f"include them): {', '.join(left)}")  # fmt: skip
+                      f"include them): {shown}")  # fmt: skip
 
 
 def _load_params(path: Path | None):

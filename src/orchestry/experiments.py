@@ -59,6 +59,17 @@ def collect(repo: str | Path = ".", dvc: str = "dvc") -> pd.DataFrame:
     return parse_exp_show(json.loads(cp.stdout))
 
 
+def _is_missing(value: object) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def _same_param(a: object, b: object) -> bool:
+    """Equality of two params values as DVC reports them: scalars, lists (e.g. per-turn weights) or missing."""
+    if _is_missing(a) or _is_missing(b):
+        return _is_missing(a) and _is_missing(b)
+    return bool(a == b)
+
+
 def seed_table(
     df: pd.DataFrame,
     seed_param: str,
@@ -109,8 +120,7 @@ def seed_table(
         fixed = [c for c in df.columns if c.startswith("param:") and c not in free]
         ref = df.loc[values.index[0], fixed]
         same = df.loc[values.index, fixed].apply(
-            lambda row: all((pd.isna(a) and pd.isna(b)) or a == b for a, b in zip(row, ref, strict=True)),
-            axis=1,
+            lambda row: all(_same_param(a, b) for a, b in zip(row, ref, strict=True)), axis=1
         )
         names = df["name"] if "name" in df.columns else pd.Series(df.index.astype(str), index=df.index)
         left_out = [str(n) for n in names.loc[same.index[~same]]]
