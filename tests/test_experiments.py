@@ -142,6 +142,12 @@ def test_seed_table_keeps_swept_variants_out_of_the_defaults_seeds():
     per_seed, summary = seed_table(df, seed, [m], resamples=200)
     assert per_seed[m].to_dict() == {0: 0.5, 1: 0.6, 2: 0.7}
     assert per_seed.attrs["left_out"] == ["turns2", "turns2_s1", "other_w"]
+    # like=: the seeds of a variant
+    variant, _ = seed_table(df, seed, [m], resamples=200, like="turns2")
+    assert variant[m].to_dict() == {0: 0.9, 1: 0.9}
+    assert "workspace" in variant.attrs["left_out"] and "default_s2" in variant.attrs["left_out"]
+    with pytest.raises(KeyError, match="no experiment named 'nope'"):
+        seed_table(df, seed, [m], like="nope")
     # the evaluation seed is not allowed to differ when vary is empty: only seed 0 is left
     assert seed_table(df, seed, [m], resamples=200, vary=())[0][m].to_dict() == {0: 0.5}
     # vary=None: no check, the first row per seed wins (turns2_s1 hides default_s1)
@@ -151,3 +157,27 @@ def test_seed_table_keeps_swept_variants_out_of_the_defaults_seeds():
         2: 0.7,
         3: 0.1,
     }
+
+
+def test_running_and_failed_experiments_do_not_count():
+    """While an experiment runs, `dvc exp show` lists it with its baseline's (stale) metrics: skip it."""
+    from orchestry.experiments import parse_exp_show
+
+    def rev(name, seed, r):
+        return {"rev": name, "name": name, "data": {
+            "params": {"params.yaml": {"data": {"train_magrpo": {"seed": seed}}}},
+            "metrics": {"m.json": {"data": {"r": r}}}}}  # fmt: skip
+
+    payload = [
+        rev("workspace", 0, 0.5),
+        {**rev("main", 0, 0.5), "experiments": [
+            {"executor": {"state": "running"}, "name": "s1", "revs": [rev("s1", 1, 0.5)]},
+            {"executor": {"state": "failed"}, "name": "s2", "revs": [rev("s2", 2, 0.1)]},
+            {"executor": {"state": "success"}, "name": "s3", "revs": [rev("s3", 3, 0.8)]},
+            {"executor": None, "name": "s4", "revs": [rev("s4", 4, 0.9)]},
+        ]},
+    ]  # fmt: skip
+    df = parse_exp_show(payload)
+    assert df["name"].tolist() == ["workspace", "main", "s3", "s4"]
+    per_seed, _ = seed_table(df, "param:params.yaml:train_magrpo.seed", ["metric:m.json:r"], resamples=100)
+    assert per_seed["metric:m.json:r"].to_dict() == {0: 0.5, 3: 0.8, 4: 0.9}

@@ -255,6 +255,12 @@ def seeds(
     any_params: Annotated[
         bool, typer.Option("--any-params", help="Aggregate every experiment, whatever its other params.")
     ] = False,
+    like: Annotated[
+        str | None,
+        typer.Option(
+            help="Aggregate the configuration of this named experiment (e.g. a swept variant's seed 0)."
+        ),
+    ] = None,
     repo: Annotated[Path, typer.Option(help="DVC repository.")] = Path("."),
     debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")] = False,
 ) -> None:
@@ -276,7 +282,9 @@ def seeds(
     try:
         df = collect(repo)
         free = None if any_params else [f"param:params.yaml:{k}" for k in (vary or ["evaluate.seed"])]
-        per_seed, summary = seed_table(df, f"param:params.yaml:{seed_param}", keys, confidence, vary=free)
+        per_seed, summary = seed_table(
+            df, f"param:params.yaml:{seed_param}", keys, confidence, vary=free, like=like
+        )
     except (RuntimeError, KeyError) as e:
         _fail(str(e), 2, debug)
     console = Console()

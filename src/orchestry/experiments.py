@@ -20,12 +20,17 @@ from orchestry.tracking import _flatten
 
 
 def _runs(nodes: list) -> Iterator[dict]:
-    """Every revision in ``dvc exp show --json`` (workspace, baseline commits and their experiments)."""
+    """Every finished revision in ``dvc exp show --json`` (workspace, baseline commits and their experiments).
+
+    Queued, running and failed experiments are skipped: while an experiment runs, DVC shows its baseline's
+    metrics files under its name, which would count a stale result as a new seed."""
     for node in nodes or ():
         if isinstance(node, dict) and isinstance(node.get("data"), dict):
             yield node
         for exp in (node or {}).get("experiments") or ():
-            yield from _runs(exp.get("revs") or [])
+            state = ((exp or {}).get("executor") or {}).get("state")
+            if state in (None, "success"):
+                yield from _runs(exp.get("revs") or [])
 
 
 def parse_exp_show(payload: list) -> pd.DataFrame:
@@ -77,6 +82,7 @@ def seed_table(
     confidence: float = 0.95,
     resamples: int = 10_000,
     vary: Sequence[str] | None = ("param:params.yaml:evaluate.seed",),
+    like: str | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-seed values of ``metrics`` (column names of ``df``; ``A - B`` means the difference of two columns)
     and their mean over seeds with a bootstrap interval over seeds.
@@ -85,7 +91,8 @@ def seed_table(
     newest commits with their experiments) that has any of the metrics, and a row counts only if every other
     ``param:`` column equals the reference's, except ``seed_param`` and the columns in ``vary`` (default: the
     evaluation seed). So variants swept in the same repository (``-S train_magrpo.turns=2``) never mix into the
-    default's seeds. ``vary=None`` turns the check off. Experiments with the same seed (e.g. the workspace and
+    default's seeds. ``vary=None`` turns the check off. ``like`` names the reference row instead (an
+    experiment's name, e.g. ``turns2``): the seeds of that variant are aggregated. Experiments with the same seed (e.g. the workspace and
     the commit or experiment it came from) count once: the first such row per seed. Rows lacking a metric are
     dropped for that metric.
 
@@ -95,7 +102,7 @@ def seed_table(
         per metric and columns ``n_seeds, mean, ci_low, ci_high, excludes_zero``.
 
     Raises:
-        KeyError: ``seed_param`` or a metric column is not in ``df``.
+        KeyError: ``seed_param`` or a metric column is not in ``df``, or no row is named ``like``.
     """
     if seed_param not in df.columns:
         raise KeyError(
@@ -115,14 +122,22 @@ def seed_table(
     # of the rest, the first per seed wins: the workspace, then the newest commit and its experiments.
     values = values.dropna(subset=[seed_param]).dropna(subset=list(metrics), how="all")
     left_out: list[str] = []
-    if vary is not None and len(values):
+    names = df["name"] if "name" in df.columns else pd.Series(df.index.astype(str), index=df.index)
+    reference = values.index[0] if len(values) else None
+    if like is not None:
+        named = [i for i in values.index if names.loc[i] == like]
+        if not named:
+            raise KeyError(
+                f"no experiment named {like!r} with the metrics; named ones: {sorted(set(names))[:20]}"
+            )
+        reference = named[0]
+    if vary is not None and reference is not None:
         free = {seed_param, *vary}
         fixed = [c for c in df.columns if c.startswith("param:") and c not in free]
-        ref = df.loc[values.index[0], fixed]
+        ref = df.loc[reference, fixed]
         same = df.loc[values.index, fixed].apply(
             lambda row: all(_same_param(a, b) for a, b in zip(row, ref, strict=True)), axis=1
         )
-        names = df["name"] if "name" in df.columns else pd.Series(df.index.astype(str), index=df.index)
         left_out = [str(n) for n in names.loc[same.index[~same]]]
         values = values[same]
     per_seed = values.groupby(seed_param, sort=True).head(1).set_index(seed_param).sort_index()
