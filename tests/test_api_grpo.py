@@ -240,7 +240,9 @@ def key(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
 
 
-def test_rerun_with_same_params_makes_zero_server_calls(tmp_path, key) -> None:
+def test_rerun_with_same_params_makes_zero_server_calls(tmp_path, key, monkeypatch) -> None:
+    # a stage runs in the repository root: the recorded cache path is relative to it
+    monkeypatch.chdir(tmp_path)
     srv = FakeAnthropic(reply=_collab_reply(), usage={"input_tokens": 100, "output_tokens": 20})
     metrics = []
     with srv.running():
@@ -251,6 +253,7 @@ def test_rerun_with_same_params_makes_zero_server_calls(tmp_path, key) -> None:
     assert n_first == s1["cost"]["calls"] > 0
     assert len(srv.requests) == n_first  # the second run sent nothing
     assert s2["cache"]["hit_rate"] == 1.0 and s2["cost"]["calls"] == 0 and s2["cost"]["usd"] == 0.0
+    assert s1["cache"]["path"] == "cache.sqlite"  # not the absolute path of this clone
     assert s2["cost"]["tokens_per_episode"] == s1["cost"]["tokens_per_episode"] > 0  # consumed, cache or not
     assert s2["cost"]["usd_saved_by_cache"] == pytest.approx(
         s1["cost"]["usd"] + s1["cost"]["usd_saved_by_cache"]

@@ -99,6 +99,16 @@ def resolve_path(path: str | Path) -> Path:
     return p if p.is_absolute() else repo_root() / p
 
 
+def _portable(path: str | Path) -> str:
+    """``path`` relative to the working directory (the repository root in a stage) when it lies inside it, so
+    the metrics a stage writes do not depend on where the repository was cloned; else as given."""
+    p = Path(path)
+    try:
+        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def open_clients(
     cfg: ApiGrpoParams,
     sampling: SamplingParams,
@@ -624,7 +634,7 @@ class ApiGrpoRun:
             "cache": {
                 "hit_rate": total["cache_hit_rate"],
                 "entries": len(self.c.cache),
-                "path": self.c.cache.path,
+                "path": _portable(self.c.cache.path),
             },
             "budget": {
                 "budget_usd": tr.budget_usd,
