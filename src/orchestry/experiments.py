@@ -92,9 +92,9 @@ def seed_table(
     ``param:`` column equals the reference's, except ``seed_param`` and the columns in ``vary`` (default: the
     evaluation seed). So variants swept in the same repository (``-S train_magrpo.turns=2``) never mix into the
     default's seeds. ``vary=None`` turns the check off. ``like`` names the reference row instead (an
-    experiment's name, e.g. ``turns2``): the seeds of that variant are aggregated. Experiments with the same seed (e.g. the workspace and
-    the commit or experiment it came from) count once: the first such row per seed. Rows lacking a metric are
-    dropped for that metric.
+    experiment's name, e.g. ``turns2``): the seeds of that variant are aggregated. Experiments with the same seed
+    (e.g. the workspace and the commit or experiment it came from) count once: the first such row per seed. Rows
+    lacking a metric are dropped for that metric.
 
     Returns:
         (per_seed, summary): ``per_seed`` indexed by seed with one column per metric, its

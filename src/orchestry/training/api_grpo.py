@@ -99,12 +99,13 @@ def resolve_path(path: str | Path) -> Path:
     return p if p.is_absolute() else repo_root() / p
 
 
-def _portable(path: str | Path) -> str:
-    """``path`` relative to the working directory (the repository root in a stage) when it lies inside it, so
-    the metrics a stage writes do not depend on where the repository was cloned; else as given."""
-    p = Path(path)
+def repo_relative(path: str | Path) -> str:
+    """The inverse of :func:`resolve_path`: ``path`` relative to the repository root when it lies inside it (so
+    the metrics a stage writes do not depend on where the repository was cloned), else as given."""
+    from orchestry.tracking import repo_root
+
     try:
-        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        return Path(path).resolve().relative_to(repo_root()).as_posix()
     except ValueError:
         return str(path)
 
@@ -634,7 +635,7 @@ class ApiGrpoRun:
             "cache": {
                 "hit_rate": total["cache_hit_rate"],
                 "entries": len(self.c.cache),
-                "path": _portable(self.c.cache.path),
+                "path": repo_relative(self.c.cache.path),
             },
             "budget": {
                 "budget_usd": tr.budget_usd,
