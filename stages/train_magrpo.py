@@ -86,6 +86,7 @@ def main() -> None:
                 resume_key=resume_key,
                 coach=coach,
             )
+            mlflow.log_param("train_magrpo.bf16_update_resolved", trainer.bf16)  # auto resolved: True = bf16
             history = trainer.train()
         shutil.rmtree(ADAPTERS, ignore_errors=True)
         trainer.save_adapters(ADAPTERS)

@@ -123,14 +123,15 @@ def test_micro_batched_update_equals_one_batch(tiny_llama):
 
 
 def test_bf16_autocast_only_where_the_cpu_runs_bf16(tiny_llama, monkeypatch):
+    """bf16_update: auto (the default) turns bf16 autocast on only on a CPU that runs bf16 natively."""
     model = tiny_llama(VOCAB)
     monkeypatch.setattr(L, "cpu_bf16_supported", lambda: False)
-    with L.bf16_autocast(model, True):
+    with L.bf16_autocast(model, L.resolve_bf16("auto", "cpu")):
         assert not torch.is_autocast_enabled("cpu")
     monkeypatch.setattr(L, "cpu_bf16_supported", lambda: True)
-    with L.bf16_autocast(model, True):
+    with L.bf16_autocast(model, L.resolve_bf16("auto", "cpu")):
         assert torch.is_autocast_enabled("cpu")
-    with L.bf16_autocast(model, False):
+    with L.bf16_autocast(model, L.resolve_bf16(False, "cpu")):
         assert not torch.is_autocast_enabled("cpu")
 
 

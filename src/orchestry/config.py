@@ -206,7 +206,12 @@ class TrainMagrpoParams(_Section):
     target_modules: list[Name] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
     )
-    bf16_update: bool = Field(True, description="bf16 autocast for the training forward/backward")
+    bf16_update: Literal["auto"] | bool = Field(
+        "auto",
+        description="bf16 autocast for the training forward/backward: auto (only where the hardware runs bf16 "
+        "natively: AVX-512 BF16 / AMX CPUs, bf16-capable GPUs; fp32 elsewhere) | true (bf16 even where it is "
+        "emulated, slowly) | false (fp32); resolved by orchestry.llm.local.resolve_bf16",
+    )
     checkpoint_every: int = Field(4, ge=1, le=BIG)
     max_problems: int | None = Field(4, ge=1, le=BIG, description="cap on train problems (None: whole split)")
     seed: Seed = 0
@@ -234,6 +239,16 @@ class TrainMagrpoParams(_Section):
     )
 
     _modules_unique = field_validator("target_modules")(_unique)
+
+    @field_validator("bf16_update", mode="before")
+    @classmethod
+    def _bf16_setting(cls, v: Any) -> str | bool:
+        """auto | true | false: a YAML boolean or one of those three words (any case); nothing else (no 0/1)."""
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.strip().lower() in ("auto", "true", "false"):
+            return {"auto": "auto", "true": True, "false": False}[v.strip().lower()]
+        raise ValueError("must be auto, true or false")
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainMagrpoParams:

@@ -53,6 +53,7 @@ from orchestry.llm.local import (
     chat_prompt,
     completion_logprobs,
     generate,
+    resolve_bf16,
 )
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
 from orchestry.rewards.coach import Coach, coach_prompt, mix_rewards
@@ -362,6 +363,13 @@ class MAGRPOTrainer:
         random.Random(self.cfg.seed).shuffle(order)
         self.order = order
         self.rank, self.world_size = _process_group()
+        # bf16_update resolved once for the model's device: True = bf16 autocast in the update, False = fp32
+        self.bf16 = resolve_bf16(self.cfg.bf16_update, next(self.model.parameters()).device)
+        log.info(
+            "train_magrpo.bf16_update %s: the update runs in %s",
+            self.cfg.bf16_update,
+            "bf16" if self.bf16 else "fp32",
+        )
 
     def build_curriculum(self) -> dict:
         """Order the training problems by the base policy's mean group reward, easiest first (ties keep the
@@ -833,7 +841,7 @@ class MAGRPOTrainer:
         loss_value = 0.0
         for chunk in self._micro_batches(ro, rows, keep):
             seqs, mask, width = self._chunk_inputs(ro, rows, chunk)
-            with bf16_autocast(self.model, self.cfg.bf16_update):
+            with bf16_autocast(self.model, self.bf16):
                 seq_lp, tok_lp, tmask = completion_logprobs(self.model, seqs, mask, width)
                 kl = None
                 if self.cfg.beta > 0:
@@ -880,7 +888,7 @@ class MAGRPOTrainer:
                 for chunk in chunks:
                     seqs, mask, width = self._chunk_inputs(ro, rows, chunk)
                     at = torch.tensor([pos[j] for j in chunk])
-                    with bf16_autocast(self.model, self.cfg.bf16_update):
+                    with bf16_autocast(self.model, self.bf16):
                         _, lp, _ = completion_logprobs(self.model, seqs, mask, width)
                         with self.model.disable_adapter():
                             _, rl, _ = completion_logprobs(self.model, seqs, mask, width)
@@ -893,7 +901,7 @@ class MAGRPOTrainer:
         for chunk in chunks:
             seqs, mask, width = self._chunk_inputs(ro, rows, chunk)
             at = torch.tensor([pos[j] for j in chunk])
-            with bf16_autocast(self.model, self.cfg.bf16_update):
+            with bf16_autocast(self.model, self.bf16):
                 _, tok_lp, tmask = completion_logprobs(self.model, seqs, mask, width)
             a = adv[at, : tok_lp.shape[1]].to(tok_lp.device)
             loss = -(a * tok_lp.float() * tmask.float()).sum() / n_tokens * ro.weight

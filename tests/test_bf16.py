@@ -1,0 +1,147 @@
+"""``train_magrpo.bf16_update: auto | true | false``: what each setting resolves to on hardware with and without
+native bf16 (the capability monkeypatched, so the test means the same on every CPU), what ``params.yaml`` accepts,
+and that the trainer resolves once and runs its update accordingly."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import orchestry.llm.local as L
+import orchestry.training.magrpo as M
+from orchestry.config import ParamsError, SamplingParams, TrainMagrpoParams, load_params
+from orchestry.llm.local import Generation, GenerationBatch, attach_adapters
+from orchestry.problems import load_problems
+from orchestry.rewards.code import LevelReward
+from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# --- the resolver -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize(("setting", "expected"), [("auto", None), (True, True), (False, False)])
+@pytest.mark.parametrize(
+    ("device", "capability"), [("cpu", "cpu_bf16_supported"), ("cuda:0", "cuda_bf16_supported")]
+)
+def test_resolution_follows_the_hardware_flag(
+    monkeypatch, native, setting, expected, device, capability
+) -> None:
+    monkeypatch.setattr(L, capability, lambda: native)
+    want = native if expected is None else expected  # auto: native bf16 or nothing
+    assert L.resolve_bf16(setting, device) is want
+    assert L.resolve_bf16(setting, torch.device(device)) is want
+
+
+def test_auto_is_fp32_on_a_device_without_a_bf16_check(monkeypatch) -> None:
+    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: True)
+    monkeypatch.setattr(L, "cuda_bf16_supported", lambda: True)
+    assert L.resolve_bf16("auto", "meta") is False
+
+
+def test_true_on_emulated_bf16_warns_in_one_line(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="orchestry.llm"):
+        assert L.resolve_bf16(True, "cpu") is True
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "emulated" in warning.getMessage() and "\n" not in warning.getMessage()
+    caplog.clear()
+    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="orchestry.llm"):
+        assert L.resolve_bf16(True, "cpu") is True
+        assert L.resolve_bf16("auto", "cpu") is True
+    assert not caplog.records  # native: nothing to warn about
+
+
+@pytest.mark.parametrize("setting", ["maybe", 1, None])
+def test_resolver_refuses_other_settings(setting) -> None:
+    with pytest.raises(ValueError, match="auto"):
+        L.resolve_bf16(setting, "cpu")
+
+
+def test_autocast_takes_the_resolved_bool(tiny_llama) -> None:
+    model = tiny_llama(16)
+    with L.bf16_autocast(model, True):  # even where bf16 is emulated: the resolver decided
+        assert torch.is_autocast_enabled("cpu")
+    with L.bf16_autocast(model, False):
+        assert not torch.is_autocast_enabled("cpu")
+
+
+# --- params.yaml ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("auto", "auto"),
+        ("true", True),
+        ("false", False),
+        ("True", True),
+        ("'false'", False),
+        ("AUTO", "auto"),
+    ],
+)
+def test_params_accept_auto_true_false(tmp_path: Path, text: str, value) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text(f"train_magrpo:\n  bf16_update: {text}\n")
+    assert load_params(path).train_magrpo.bf16_update == value
+
+
+@pytest.mark.parametrize("text", ["maybe", "1", "0", "null", "bf16", "[true]"])
+def test_params_refuse_other_values_naming_the_key(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text(f"train_magrpo:\n  bf16_update: {text}\n")
+    with pytest.raises(ParamsError, match=r"train_magrpo\.bf16_update: .*auto, true or false"):
+        load_params(path)
+
+
+def test_the_default_is_auto() -> None:
+    assert TrainMagrpoParams().bf16_update == "auto"
+    assert TrainMagrpoParams(bf16_update=False).bf16_update is False
+
+
+# --- the trainer ------------------------------------------------------------------------------------------------
+
+
+def _rollout(vocab: int, problems, G: int) -> Rollout:
+    g = torch.Generator().manual_seed(0)
+    B = len(problems) * len(AGENTS) * G
+    batch = GenerationBatch(
+        torch.randint(3, vocab, (B, 9), generator=g),
+        torch.ones(B, 9, dtype=torch.long),
+        5,
+        [Generation("", 5, 4, i) for i in range(B)],
+        0.0,
+    )
+    rewards = torch.arange(len(problems) * G, dtype=torch.float).view(len(problems), G)
+    return Rollout(list(problems), batch, rewards, [LevelReward().to_dict()] * (len(problems) * G), G)
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("setting", ["auto", True, False])
+def test_trainer_resolves_once_and_updates_accordingly(tiny_llama, monkeypatch, native, setting) -> None:
+    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: native)
+    problems = load_problems()[:1]
+    model = attach_adapters(tiny_llama(32), AGENTS, r=2, alpha=4)
+    cfg = TrainMagrpoParams(num_generations=2, problems_per_step=1, bf16_update=setting)
+    trainer = MAGRPOTrainer(model, None, problems, None, cfg, SamplingParams(), checkpoint_dir="/nonexistent")
+    want = native if setting == "auto" else setting
+    assert trainer.bf16 is want
+
+    # resolved at construction: a later change of the capability does not reach the update
+    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: not native)
+    seen = []
+    logprobs = M.completion_logprobs
+
+    def spy(*args, **kwargs):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return logprobs(*args, **kwargs)
+
+    monkeypatch.setattr(M, "completion_logprobs", spy)
+    trainer.update(_rollout(32, problems, 2))
+    assert seen and all(s is want for s in seen)
