@@ -165,6 +165,12 @@ class RewardConfig:
         ignored_return: level 4, added (negative) when an aux call's value is ignored (given it uses aux).
         aux_name: the helper function's name.
         max_answer_chars: longer answers score 0 with a reason (bounds parse/extraction work).
+        zero_if_truncated: a sample whose completion hit the token limit (``truncated=`` flags) scores 0 at
+            every level, with a reason. Otherwise a cut answer keeps the structure points of the functions it
+            began (a broken function still counts as defined), so a policy is paid for starting functions it
+            never finishes and learns to never stop. Cut answers earn nothing, complete ones can: the reward
+            favours stopping, never length (DAPO, arXiv 2503.14476, filters or penalises overlong samples for
+            the same reason). The ungated collaboration facts and the scheme are still recorded.
     """
 
     aux_defined_returns: float = 0.4
@@ -176,6 +182,7 @@ class RewardConfig:
     ignored_return: float = -0.5
     aux_name: str = "aux"
     max_answer_chars: int = MAX_ANSWER_CHARS
+    zero_if_truncated: bool = True
 
     @property
     def max_total(self) -> float:
@@ -577,6 +584,12 @@ def _score(
                 total_asserts=len(problem.asserts), reasons=[f"internal: {type(e).__name__}: {e}"]
             )
             states.append(_Pending(problem=problem, reward=bad))
+    if truncated is not None and config.zero_if_truncated:
+        for st, flag in zip(states, truncated, strict=True):
+            if flag:
+                st.reward.structure = st.reward.syntax = 0.0
+                st.program = None  # no tests, so no cooperation either
+                st.reward.reasons.insert(0, "truncated: a completion hit the token limit (scored 0)")
     _level_3(states, sandbox, config)
     if pair:
         for st in states:
