@@ -49,6 +49,9 @@ class Problem:
             point (e.g. ``poly`` in HumanEval/32); prepended to every tested program.
         test_setup: test-module code run before each assert (``METADATA``, ``candidate = entry_point``).
         asserts: self-contained assert units, one per scored assert statement.
+        aux_spec: the intended decomposition, what the helper's ``aux`` computes (generated problems,
+            :mod:`orchestry.generators.compositional`); shown to both agents. Empty for HumanEval, whose
+            prompts leave the split to the agents.
     """
 
     task_id: str
@@ -59,16 +62,22 @@ class Problem:
     context: str = ""
     test_setup: str = ""
     asserts: tuple[str, ...] = field(default_factory=tuple)
+    aux_spec: str = ""
 
     # ---- role prompts (paraphrasing the MAGRPO authors' experiment prompts) ----
     def helper_prompt(self, behaviors: str = "") -> str:
         """User message for the ``helper`` agent: write only ``aux``."""
+        guide = f"\n\nGuidelines learned from earlier episodes:\n{behaviors}" if behaviors else ""
+        if self.aux_spec:  # a generated problem names the helper's part: its signature and docstring
+            return (
+                f"Write this Python function, a helper that your teammate will call:\n\n"
+                f"```python\n{self.aux_spec}```\nWrite ONLY the function `aux` with its body." + guide
+            )
         return (
             "Write a helper function named `aux` in Python that would be useful for solving this problem:\n\n"
             f"{self.prompt}\n"
             f"Write ONLY the function `aux` (with any imports it needs). Do not implement `{self.entry_point}`. "
-            "The function must return a value."
-            + (f"\n\nGuidelines learned from earlier episodes:\n{behaviors}" if behaviors else "")
+            "The function must return a value." + guide
         )
 
     def main_prompt(self, helper_code: str | None = None, behaviors: str = "") -> str:
@@ -76,12 +85,18 @@ class Problem:
         aux_text = (
             f"A helper function `aux` is already defined:\n```python\n{helper_code}\n```\n"
             if helper_code
+            else f"A helper function written by a teammate is already defined:\n```python\n{self.aux_spec}```\n"
+            if self.aux_spec
             else "A helper function `aux(...)` written by a teammate is already defined and may be called.\n"
         )
-        return (
-            f"Solve this problem in Python:\n\n{self.prompt}\n{aux_text}"
-            f"Do not redefine `aux`. Implement ONLY the function `{self.entry_point}`, calling `aux` where useful."
-            + (f"\n\nGuidelines learned from earlier episodes:\n{behaviors}" if behaviors else "")
+        task = (
+            f"Do not redefine `aux`. Implement ONLY the function `{self.entry_point}`: call `aux` for the first "
+            "step, then do the rest."
+            if self.aux_spec and not helper_code
+            else f"Do not redefine `aux`. Implement ONLY the function `{self.entry_point}`, calling `aux` where useful."
+        )
+        return f"Solve this problem in Python:\n\n{self.prompt}\n{aux_text}{task}" + (
+            f"\n\nGuidelines learned from earlier episodes:\n{behaviors}" if behaviors else ""
         )
 
     def single_prompt(self) -> str:
@@ -203,6 +218,7 @@ def make_problem(record: dict, where: str = "record") -> Problem:
         context=prompt_context(record["prompt"], record["entry_point"]),
         test_setup=setup,
         asserts=units,
+        aux_spec=str(record.get("aux_spec") or ""),
     )
 
 
