@@ -52,6 +52,19 @@ def main() -> None:
             "intervals": iv.model_dump(),  # the level the figures state is read from here
             "methods": methods,
         }
+        # transfer: the same base and trained pairs on each extra evaluation set (prepare.transfer)
+        report["transfer"] = {}
+        sets = [] if workflow else sorted(Path("data/problems/transfer").glob("*.jsonl"))
+        with open_sandbox(params) as sb:
+            for path in sets:
+                extra = read_problems(path)[: cfg.max_problems_transfer]
+                out: dict[str, dict] = {}
+                for name, recs, summary in evaluate_agents(extra, model, tok, sb, params.sampling, cfg.num_samples,
+                                                           cfg.seed, cfg.batch_size, iv):  # fmt: skip
+                    out[name] = summary
+                    write_jsonl(f"reports/eval/transfer/{path.stem}_{name}.jsonl", recs)
+                    log_metrics({f"transfer/{path.stem}/{name}/{k}": v for k, v in summary.items()})
+                report["transfer"][path.stem] = {"problems": len(extra), "methods": out}
         api = Path("reports/api_grpo/summary.json")
         if api.exists():
             report["api_grpo"] = json.loads(api.read_text())
@@ -60,6 +73,10 @@ def main() -> None:
         for name, m in methods.items():
             print(f"{name:22s} reward {m.get('reward', 0):.3f}  pass@1 {m.get('pass@1', 0):.3f}  "
                   f"coop {m.get('cooperation_rate', 0):.3f}")  # fmt: skip
+        for set_name, t in report["transfer"].items():
+            for name, m in t["methods"].items():
+                print(f"transfer {set_name}/{name:12s} reward {m.get('reward', 0):.3f}  "
+                      f"pass@1 {m.get('pass@1', 0):.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,23 +4,80 @@ import sys
 import time
 from pathlib import Path
 
-from orchestry.problems import ProblemFormatError, check_canonical_solutions, load_problems, split_problems
+from orchestry.generators.compositional import GeneratorError, generate_splits
+from orchestry.problems import (
+    Problem,
+    ProblemFormatError,
+    check_canonical_solutions,
+    load_problems,
+    make_problem,
+    split_problems,
+)
 from orchestry.runtime import open_sandbox, start_stage, write_json, write_jsonl
 from orchestry.tracking import log_metrics, stage_run
+
+
+def _fail(key: str, error: Exception) -> None:
+    print(f"error: prepare.{key}: {error}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def training_splits(cfg) -> tuple[dict[str, list[Problem]], dict[str, dict]]:
+    """The val/train/test problems of ``prepare.source`` and, for generated problems, their records
+    (``composition``, ``difficulty``, ``aux_spec`` kept in the JSONL beside the Problem fields)."""
+    if cfg.source == "compositional":
+        c = cfg.compositional
+        sizes = {"test": c.num_test, "val": c.num_val, "train": c.num_train}
+        try:
+            recs = generate_splits(sizes, c.difficulty, c.seed, c.types, c.num_tests)
+        except GeneratorError as e:
+            _fail("compositional", e)
+        splits = {k: [make_problem(r, r["task_id"]) for r in recs[k]] for k in ("val", "train", "test")}
+        extra = {r["task_id"]: {"composition": r["composition"], "difficulty": r["difficulty"]}
+                 for rs in recs.values() for r in rs}  # fmt: skip
+        return splits, extra
+    try:
+        problems = load_problems(cfg.source)
+    except ProblemFormatError as e:
+        _fail("source", e)
+    return split_problems(problems, cfg.split, cfg.seed, cfg.fractions), {}
+
+
+def transfer_sets(cfg) -> dict[str, list[Problem]]:
+    """``prepare.transfer``: 'humaneval' is HumanEval's test split (the MAGRPO authors' 133-163); a file is
+    named by its stem."""
+    out: dict[str, list[Problem]] = {}
+    for source in cfg.transfer:
+        try:
+            if source == "humaneval":
+                out["humaneval"] = split_problems(load_problems("humaneval"), "magrpo")["test"]
+            else:
+                out[Path(source).name.split(".")[0]] = load_problems(source)
+        except ProblemFormatError as e:
+            _fail("transfer", e)
+    return out
 
 
 def main() -> None:
     params = start_stage("prepare")
     cfg = params.prepare
-    try:
-        problems = load_problems(cfg.source)
-    except ProblemFormatError as e:
-        sys.exit(f"error: prepare.source: {e}")
-    splits = split_problems(problems, cfg.split, cfg.seed, cfg.fractions)
+    splits, extra = training_splits(cfg)
+    transfer = transfer_sets(cfg)
+    problems = [p for name in ("val", "train", "test") for p in splits[name]]
+    ids = {p.task_id for p in problems}
+    for items in transfer.values():
+        problems += [p for p in items if p.task_id not in ids]
+        ids |= {p.task_id for p in items}
+
+    def rows(items):
+        return ({**p.to_dict(), **extra.get(p.task_id, {})} for p in items)
+
     with stage_run("prepare", cfg.model_dump(), params.mlflow.experiment):
         for name, items in splits.items():
-            write_jsonl(f"data/problems/{name}.jsonl", (p.to_dict() for p in items))
-        write_jsonl("data/problems/all.jsonl", (p.to_dict() for p in problems))
+            write_jsonl(f"data/problems/{name}.jsonl", rows(items))
+        for name, items in transfer.items():
+            write_jsonl(f"data/problems/transfer/{name}.jsonl", rows(items))
+        write_jsonl("data/problems/all.jsonl", rows(problems))
         t0 = time.time()
         with open_sandbox(params) as sb:
             checked, failed = check_canonical_solutions(problems, sb)
@@ -30,6 +87,7 @@ def main() -> None:
             "problems": len(problems),
             "asserts": sum(len(p.asserts) for p in problems),
             "split_sizes": {k: len(v) for k, v in splits.items()},
+            "transfer_sizes": {k: len(v) for k, v in transfer.items()},
             "canonical_checked": checked,
             "canonical_passed": checked - len(failed),
             "canonical_failed": failed,
@@ -52,6 +110,7 @@ def main() -> None:
                 "canonical_passed": report["canonical_passed"],
                 "canonical_checked": report["canonical_checked"],
                 **{f"split/{k}": v for k, v in report["split_sizes"].items()},
+                **{f"transfer/{k}": v for k, v in report["transfer_sizes"].items()},
             }
         )
 

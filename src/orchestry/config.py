@@ -57,14 +57,42 @@ class ModelParams(_Section):
 
 
 class SamplingParams(_Section):
-    max_completion_length: int = Field(96, ge=1, le=4096, description="max new tokens per completion")
+    max_completion_length: int = Field(128, ge=1, le=4096, description="max new tokens per completion")
     temperature: float = Field(0.8, ge=0.0, le=2.0)
     top_p: float = Field(0.95, gt=0.0, le=1.0)
 
 
+class CompositionalParams(_Section):
+    """``prepare.compositional``: the generated problems (:mod:`orchestry.generators.compositional`)."""
+
+    num_train: int = Field(48, ge=0, le=10_000, description="training problems")
+    num_val: int = Field(8, ge=0, le=10_000, description="validation problems")
+    num_test: int = Field(
+        32, ge=1, le=10_000, description="test problems (compositions never seen in training)"
+    )
+    difficulty: list[Annotated[int, Field(ge=1, le=4)]] = Field(
+        [1, 2], min_length=1, description="primitives composed per problem (1-4); several: stratified mix"
+    )
+    types: list[Literal["ints", "str"]] = Field(["ints", "str"], min_length=1, description="input types")
+    num_tests: int = Field(4, ge=3, le=5, description="asserts per problem")
+    seed: Seed = 0
+
+    _lists_unique = field_validator("difficulty", "types")(_unique)
+
+
 class PrepareParams(_Section):
-    source: Name = Field("humaneval", description="'humaneval' or a HumanEval-format JSON/JSONL file")
+    source: Name = Field(
+        "compositional",
+        description="'compositional' (generated, prepare.compositional), 'humaneval' or a HumanEval-format file",
+    )
+    compositional: CompositionalParams = CompositionalParams()
+    transfer: list[Name] = Field(
+        ["humaneval"],
+        description="extra evaluation sets: 'humaneval' (its test split, HumanEval/133-163) or HumanEval-format "
+        "files; written to data/problems/transfer/<name>.jsonl",
+    )
     split: Literal["magrpo", "random"] = "magrpo"
+    _transfer_unique = field_validator("transfer")(_unique)
     fractions: tuple[
         Annotated[float, Field(ge=0, le=1)],
         Annotated[float, Field(ge=0, le=1)],
@@ -104,7 +132,7 @@ class BaselinesParams(_Section):
         description=f"expanded by dvc.yaml's matrix into one stage per method: {' | '.join(BASELINE_METHODS)}",
     )
     num_samples: int = Field(1, ge=1, le=1000, description="samples per problem (k of pass@k)")
-    max_problems: int | None = Field(16, ge=1, le=BIG, description="cap on test problems (None: whole split)")
+    max_problems: int | None = Field(None, ge=1, le=BIG, description="cap on test problems (None: whole split)")
     batch_size: int = Field(64, ge=1, le=4096, description="rows per generate call")
     seed: Seed = 0
 
@@ -271,7 +299,12 @@ class TrainMagrpoParams(_Section):
 
 class EvaluateParams(_Section):
     num_samples: int = Field(2, ge=1, le=1000, description="k: samples per problem for pass@k / accuracy@k")
-    max_problems: int | None = Field(16, ge=1, le=BIG, description="cap on test problems (None: whole split)")
+    max_problems: int | None = Field(
+        None, ge=1, le=BIG, description="cap on test problems (None: whole split)"
+    )
+    max_problems_transfer: int | None = Field(
+        16, ge=1, le=BIG, description="cap on the problems of each transfer set (prepare.transfer; None: all)"
+    )
     batch_size: int = Field(64, ge=1, le=4096, description="rows per generate call")
     seed: Seed = 1
 
