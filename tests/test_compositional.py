@@ -1,9 +1,9 @@
-"""The compositional problem generator (orchestry.generators.compositional).
+"""The compositional problem generator (orchestry.generators.compositional) and ``orchestry calibrate``.
 
 Behaviour, not implementation: records are compared with what an independent reading of them gives (the
 canonical solution's statements matched against the PRIMITIVES table, expected values recomputed from each
 primitive's function, functions compared on fresh random inputs of the generator's input domain), canonical
-solutions run in the real sandbox.
+solutions run in the real sandbox, and the calibrate command runs end to end with a tiny random Llama.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
 from orchestry.generators.compositional import (
     PRIMITIVES,
@@ -375,3 +377,161 @@ def test_a_humaneval_problem_keeps_its_prompts():
     assert p.main_prompt(helper_code="def aux(x):\n    return x") == plain.main_prompt(
         helper_code="def aux(x):\n    return x"
     )
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def test_select_problems_caps_at_the_pool_and_matches_generate():
+    from orchestry.calibration import select_problems
+
+    pool = _pool(1)
+    probs, got_pool = select_problems(1, 10_000, seed=0)
+    assert got_pool == pool and len(probs) == pool
+    probs, got_pool = select_problems(2, 5, seed=3)
+    assert len(probs) == 5 and got_pool == _pool_seed(2, 3)
+    expected = generate(5, 2, seed=3, prefix="Calibration/d2")
+    assert [p.prompt for p in probs] == [g.record["prompt"] for g in expected]
+    assert [p.task_id for p in probs] == [f"Calibration/d2/{i}" for i in range(5)]
+    assert all(p.aux_spec for p in probs)
+
+
+def _pool_seed(difficulty: int, seed: int) -> int:
+    return len(generate(10**6, difficulty, seed=seed, allow_fewer=True))
+
+
+def test_row_of_reads_pass_rates_and_intervals_from_the_records():
+    from orchestry.calibration import row_of
+
+    def rec(task, passed, method, **kw):
+        base = {"task_id": task, "passed": 4 if passed else 0, "total_asserts": 4, "total": 4.0 if passed else 1.0,
+                "structure": 1.0, "syntax": 1.0, "tests": 1.0 if passed else 0.0, "cooperation": 0.0,
+                "method": method, "completion_tokens": 20, "aux_called": passed, "helper_truncated": False,
+                "main_truncated": False, "truncated": False}  # fmt: skip
+        return {**base, **kw}
+
+    pair = [rec("a", True, "concat"), rec("a", False, "concat", main_truncated=True, completion_tokens=40),
+            rec("b", False, "concat"), rec("b", False, "concat")]  # fmt: skip
+    single = [
+        rec("a", True, "single"),
+        rec("a", True, "single"),
+        rec("b", True, "single"),
+        rec("b", False, "single"),
+    ]
+    row, summaries = row_of(2, 99, pair, single)
+    assert (
+        row["difficulty"] == 2
+        and row["problems"] == 2
+        and row["pool"] == 99
+        and row["samples_per_problem"] == 2
+    )
+    assert row["pair_pass@1"] == pytest.approx(0.25) and row["single_pass@1"] == pytest.approx(0.75)
+    assert row["pair_pass@1_ci_low"] == pytest.approx(0.0) and row["pair_pass@1_ci_high"] == pytest.approx(
+        0.5
+    )
+    assert row["pair_truncation_rate"] == pytest.approx(1 / 8)
+    assert row["pair_tokens_per_completion"] == pytest.approx((20 * 3 + 40) / 8)
+    assert row["pair_aux_called_rate"] == pytest.approx(0.25)
+    assert row["pair_reward"] == pytest.approx((4 + 1 + 1 + 1) / 4)
+    assert set(summaries) == {"pair", "single"}
+
+
+def test_cpu_model_reads_the_model_name(tmp_path):
+    from orchestry.calibration import cpu_model
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: X\nmodel name\t: Test CPU 9000 @ 1GHz\n\nmodel name\t: other\n"
+    )
+    assert cpu_model(info) == "Test CPU 9000 @ 1GHz"
+    assert cpu_model(tmp_path / "missing")  # falls back, never raises
+
+
+@pytest.fixture
+def tiny_base(tmp_path, embedded_tokenizer, tiny_llama, one_thread) -> Path:
+    """A tiny random Llama saved with the embedded tokenizer (what load_policy reads from model.path)."""
+    tok = embedded_tokenizer
+    model = tiny_llama(len(tok), seed=3)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    return base
+
+
+def test_calibrate_command_writes_the_table_with_a_tiny_model(tiny_base, tmp_path):
+    from orchestry.cli import app
+
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "sampling": {"max_completion_length": 8},
+                "sandbox": {"timeout_s": 3.0, "workers": 2},
+                "evaluate": {"batch_size": 16},
+                "intervals": {"confidence": 0.9, "resamples": 200},
+            }
+        )
+    )
+    out = tmp_path / "out"
+    argv = ["calibrate", "--difficulties", "1,2", "--problems", "3", "--samples", "2", "--params", str(params),
+            "--model", str(tiny_base), "--out-dir", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, (result.output, result.exception)
+    progress = [ln for ln in result.stderr.splitlines() if ln.startswith("difficulty ")]
+    assert [ln.split(":")[0] for ln in progress] == ["difficulty 1", "difficulty 2"]
+
+    report = json.loads((out / "calibration.json").read_text())
+    assert report["command"].startswith(
+        "orchestry calibrate --difficulties 1,2 --problems 3 --samples 2 --seed 0"
+    )
+    assert report["cpu"] and report["date"] and report["samples"] == 2 and report["confidence"] == 0.9
+    assert report["sampling"]["max_completion_length"] == 8
+    rows = report["rows"]
+    assert [r["difficulty"] for r in rows] == [1, 2] and [r["problems"] for r in rows] == [3, 3]
+    for r in rows:
+        assert r["samples_per_problem"] == 2 and r["pool"] >= 3
+        assert 0 <= r["pair_pass@1_ci_low"] <= r["pair_pass@1"] <= r["pair_pass@1_ci_high"] <= 1
+        for key in ("single_pass@1", "pair_truncation_rate", "pair_aux_called_rate"):
+            assert 0 <= r[key] <= 1, key
+        assert 0 <= r["pair_reward"] <= 4.0
+        assert 0 < r["pair_tokens_per_completion"] <= 8  # the tiny model writes up to the token limit
+    assert set(report["summaries"]) == {"1", "2"}
+    assert (
+        report["summaries"]["1"]["pair"]["n_samples"] == 6
+        and report["summaries"]["1"]["single"]["n_samples"] == 6
+    )
+
+    md = (out / "calibration.md").read_text()
+    assert report["command"] in md and report["cpu"] in md and report["date"] in md
+    table = [ln for ln in md.splitlines() if ln.startswith("|")]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    assert head == ["difficulty", "problems (pool)", "pair pass@1 [90% CI]", "single pass@1",
+                    "pair reward (max 4.0)", "truncated", "tokens / completion", "aux called"]  # fmt: skip
+    body = [[c.strip() for c in ln.strip("|").split("|")] for ln in table[2:]]
+    assert [b[0] for b in body] == ["1", "2"] and all(len(b) == len(head) for b in body)
+    assert body[0][2].startswith(f"{rows[0]['pair_pass@1']:.3f} [")
+    assert "| difficulty |" in result.stdout  # the table is printed too
+
+
+@pytest.mark.parametrize("value", ["0,2", "1,5", "a", "1,1", ""])
+def test_calibrate_rejects_bad_difficulties_in_one_line(value, tmp_path):
+    from orchestry.cli import app
+
+    result = CliRunner().invoke(
+        app, ["calibrate", "--difficulties", value, "--model", str(tmp_path / "none")]
+    )
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--difficulties" in lines[0], lines
+
+
+def test_calibrate_without_a_model_is_one_line(tmp_path):
+    from orchestry.cli import app
+
+    result = CliRunner().invoke(
+        app, ["calibrate", "--model", str(tmp_path / "none"), "--out-dir", str(tmp_path)]
+    )
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.strip().startswith("error: --model: no model at")
+    assert not (tmp_path / "calibration.json").exists()

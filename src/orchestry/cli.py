@@ -5,7 +5,8 @@ HumanEval-format file, the ``evaluate`` stage's metrics), ``compare`` (pipeline 
 from MLflow), ``show-best`` (best and worst transcripts), ``ui`` (the MLflow UI on the project's store),
 ``smoke`` (the whole pipeline with micro params in a temporary copy), ``report`` (``reports/index.html``),
 ``seeds`` (DVC experiments aggregated over seeds), ``paired`` (two methods' evaluation samples, paired by
-problem, with bootstrap intervals).
+problem, with bootstrap intervals), ``calibrate`` (the base model's pass rates on generated problems per
+difficulty, ``reports/calibration.{json,md}``).
 
 Errors are one line on stderr (``error: --option: what is wrong``), whatever ``--quiet`` says: exit code 2
 for a bad option value or an unusable file, 1 for anything else; ``--debug`` (global, ``orchestry --debug CMD``,
@@ -465,6 +466,121 @@ def _print_methods(methods: dict[str, dict], k: int, confidence: float, out: Pat
             label, *(fmt.format(m[key]) if m.get(key) is not None else "-" for m in methods.values())
         )
     Console().print(table)
+
+
+def _difficulties(value: str) -> list[int]:
+    """A comma-separated list of distinct difficulties 1-4 (``"1,2,3"``)."""
+    try:
+        out = [int(v) for v in str(value).split(",") if v.strip()]
+    except ValueError:
+        out = []
+    if not out or any(not 1 <= d <= 4 for d in out) or len(set(out)) != len(out):
+        raise typer.BadParameter(f"{value!r} is not a comma-separated list of distinct difficulties 1-4.")
+    return out
+
+
+def _difficulties_option(value: str) -> str:
+    """``--difficulties`` checked and normalised (``"1, 2"`` -> ``"1,2"``)."""
+    return ",".join(map(str, _difficulties(value)))
+
+
+@app.command()
+def calibrate(
+    difficulties: Annotated[
+        str,
+        typer.Option(
+            callback=_difficulties_option,
+            metavar="D1,D2,...",
+            help="Difficulties (primitives per problem, 1-4), comma-separated.",
+        ),
+    ] = "1,2,3",
+    problems: Annotated[
+        int,
+        typer.Option(
+            min=1, max=100_000, help="Problems per difficulty (capped at its pool of compositions)."
+        ),
+    ] = 24,
+    samples: Annotated[int, typer.Option(min=1, max=1000, help="Samples per problem and method.")] = 2,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the generated problems and of the sampling.")] = 0,
+    params: Annotated[
+        Path | None,
+        typer.Option(
+            help="params.yaml for sampling, sandbox, intervals and evaluate's batch size "
+            "(default: ./params.yaml if present, else the defaults)."
+        ),  # fmt: skip
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Base model folder (default: model.path of the params).")
+    ] = None,
+    out_dir: Annotated[Path, typer.Option(help="Folder of calibration.json and .md.")] = Path("reports"),
+    debug: Debug = False,
+) -> None:
+    """Calibrate the generated problems' difficulty: the base pair and the single agent on each difficulty.
+
+    For each difficulty, generates --problems problems (orchestry.generators.compositional.generate, seed
+    --seed), samples the base pair (concat: helper and main independent) and the single agent --samples times
+    each with the sampling params of params.yaml, and writes a table (pass@1 of the pair with its bootstrap
+    interval over problems, single-agent pass@1, mean reward, truncation rate, tokens per completion, aux-call
+    rate) to OUT_DIR/calibration.json and OUT_DIR/calibration.md. One progress line per difficulty (stderr).
+    """
+    import random
+
+    from orchestry.calibration import calibrate as run_calibration
+    from orchestry.calibration import markdown_table, progress_line, write_reports
+    from orchestry.config import ParamsError
+    from orchestry.generators.compositional import GeneratorError
+    from orchestry.runtime import load_policy, open_sandbox
+    from orchestry.sandbox import SandboxError
+    from orchestry.scoring import FileOptionError
+
+    levels = _difficulties(difficulties)
+    command = (
+        f"orchestry calibrate --difficulties {difficulties} --problems {problems} "
+        f"--samples {samples} --seed {seed}"
+        + (f" --params {params}" if params is not None else "")
+        + (f" --model {model}" if model is not None else "")
+        + (f" --out-dir {out_dir}" if out_dir != Path("reports") else "")
+    )
+    with _errors(debug, (ParamsError, "--params: "), (FileOptionError, ""), (GeneratorError, "")):
+        if out_dir.exists() and not out_dir.is_dir():
+            raise FileOptionError("out-dir", f"{out_dir} is not a folder")
+        cfg = _load_params(params)
+        if model is not None:
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": model})})
+        if not (Path(cfg.model.path) / "config.json").is_file():
+            raise FileOptionError("model", f"no model at {cfg.model.path} (a folder with config.json and weights; "
+                                  "`dvc repro prepare` writes models/base)")  # fmt: skip
+        typer.echo(f"calibrate: difficulties {difficulties}, {problems} problems x {samples} samples, "
+                   f"model {cfg.model.path}", err=True)  # fmt: skip
+        import torch
+
+        torch.manual_seed(0)  # as orchestry.runtime.start_stage (sampling itself is seeded per call)
+        random.seed(0)
+        policy, tok = load_policy(cfg)
+        types, num_tests = ("ints", "str"), 4
+        try:
+            with open_sandbox(cfg) as sb:
+                rows, summaries = run_calibration(
+                    levels, problems, samples, seed, policy, tok, sb, cfg.sampling,
+                    cfg.evaluate.batch_size, cfg.intervals, types, num_tests,
+                    on_row=lambda row: typer.echo(progress_line(row), err=True),
+                )  # fmt: skip
+        except SandboxError as err:
+            raise RuntimeError(f"sandbox: {err}") from err
+        meta = {
+            "model": cfg.model.path,
+            "sampling": cfg.sampling.model_dump(),
+            "samples": samples,
+            "seed": seed,
+            "types": list(types),
+            "num_tests": num_tests,
+            "batch_size": cfg.evaluate.batch_size,
+            "confidence": cfg.intervals.confidence,
+            "resamples": cfg.intervals.resamples,
+        }
+        paths = write_reports(rows, summaries, out_dir, command, meta, cfg.intervals.confidence)
+    typer.echo(markdown_table(rows, cfg.intervals.confidence), nl=False)
+    typer.echo(f"wrote {paths[0]} and {paths[1]}", err=True)
 
 
 @app.command()
