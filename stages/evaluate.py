@@ -5,7 +5,7 @@ from pathlib import Path
 
 import mlflow
 
-from orchestry.evaluation import evaluate_agents, evaluate_workflow
+from orchestry.evaluation import evaluate_agents, evaluate_workflow, trained_minus_base
 from orchestry.metrics import summarize
 from orchestry.mlflow_models import log_samples_table
 from orchestry.problems import read_problems
@@ -35,8 +35,10 @@ def main() -> None:
             else:
                 pairs = evaluate_agents(problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed,
                                         cfg.batch_size, iv)  # fmt: skip
+            records: dict[str, list[dict]] = {}
             for name, recs, summary in pairs:
                 methods[name] = summary
+                records[name] = recs
                 write_jsonl(f"reports/eval/{name}.jsonl", recs)
                 mlflow.log_artifact(f"reports/eval/{name}.jsonl", "samples")
                 log_samples_table(recs, f"samples/eval_{name}.json")  # per-sample table (mlflow.load_table)
@@ -48,6 +50,8 @@ def main() -> None:
             log_samples_table(recs, f"samples/eval_baseline_{path.stem}.json")
         report = {
             "test_problems": len(problems),
+            # trained - base on the same problems, paired, bootstrap over problems (the learning claim)
+            "trained_minus_base": trained_minus_base(records["base"], records["magrpo"], iv),
             "samples_per_problem": cfg.num_samples,
             "intervals": iv.model_dump(),  # the level the figures state is read from here
             "methods": methods,
@@ -59,12 +63,17 @@ def main() -> None:
             for path in sets:
                 extra = read_problems(path)[: cfg.max_problems_transfer]
                 out: dict[str, dict] = {}
+                recs_t: dict[str, list[dict]] = {}
                 for name, recs, summary in evaluate_agents(extra, model, tok, sb, params.sampling, cfg.num_samples,
                                                            cfg.seed, cfg.batch_size, iv):  # fmt: skip
-                    out[name] = summary
+                    out[name], recs_t[name] = summary, recs
                     write_jsonl(f"reports/eval/transfer/{path.stem}_{name}.jsonl", recs)
                     log_metrics({f"transfer/{path.stem}/{name}/{k}": v for k, v in summary.items()})
-                report["transfer"][path.stem] = {"problems": len(extra), "methods": out}
+                report["transfer"][path.stem] = {
+                    "problems": len(extra),
+                    "methods": out,
+                    "trained_minus_base": trained_minus_base(recs_t["base"], recs_t["magrpo"], iv),
+                }
         api = Path("reports/api_grpo/summary.json")
         if api.exists():
             report["api_grpo"] = json.loads(api.read_text())

@@ -17,11 +17,13 @@ from orchestry.plots import (
 from orchestry.plots_api_grpo import plot_api_grpo
 from orchestry.plots_orchestrator import plot_orchestrator
 from orchestry.report import ReportError, write_report
+from orchestry.results import results_markdown
 from orchestry.runtime import start_stage
 from orchestry.tracking import stage_run
 
 OUT = Path("reports/figures")
 REPORT = Path("reports/index.html")
+RESULTS = Path("reports/results.md")
 
 
 def main() -> None:
@@ -31,6 +33,11 @@ def main() -> None:
     with stage_run("plot", cfg.model_dump(), params.mlflow.experiment):
         plot_learning_curves("reports/train/magrpo_steps.csv", OUT / "learning_curves.png", cfg.dpi)
         metrics = json.loads(Path("reports/metrics.json").read_text())
+        RESULTS.write_text(
+            results_markdown(metrics)
+        )  # README's "What the default run shows" (a test compares)
+        mlflow.log_artifact(str(RESULTS))
+        print(RESULTS.read_text())
         plot_methods(metrics, OUT / "methods.png", cfg.dpi)
         plot_collaboration(metrics, OUT / "collaboration.png", cfg.dpi)
         first = plot_scheme_evolution("reports/train/magrpo_steps.csv", OUT / "scheme_evolution.png", cfg.dpi)

@@ -49,11 +49,16 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     ]:
         assert (repo / out).exists(), f"missing output {out}"
     prep = json.loads((repo / "reports/prepare.json").read_text())
-    assert prep["canonical_passed"] == prep["canonical_checked"] == 164
+    # generated problems (48 train, 8 val, 32 test) + HumanEval's test split (31) as the transfer set
+    assert prep["canonical_passed"] == prep["canonical_checked"] == 48 + 8 + 32 + 31
+    assert prep["transfer_sizes"] == {"humaneval": 31}
     metrics = json.loads((repo / "reports/metrics.json").read_text())
     assert {"base", "magrpo", "baseline_single", "baseline_concat"} <= set(metrics["methods"])
     assert metrics["methods"]["magrpo"]["n_samples"] == 4  # 2 problems x 2 samples
     assert 0.0 <= metrics["methods"]["magrpo"]["reward"] <= 4.0
+    transfer = metrics["transfer"]["humaneval"]
+    assert transfer["problems"] == 1 and transfer["methods"]["magrpo"]["n_samples"] == 2  # 1 problem x 2 samples
+    assert (repo / "reports/eval/transfer/humaneval_base.jsonl").exists()
     assert {"with", "without"} <= set(metrics["api_grpo"]["eval"])
     schemes = json.loads((repo / "reports/schemes.json").read_text())
     assert abs(sum(schemes["distribution"]["magrpo"].values()) - 1.0) < 1e-6

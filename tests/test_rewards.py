@@ -487,7 +487,13 @@ def test_truncated_flag_is_passed_through(sandbox) -> None:
         True,
         False,
     ]
-    assert rs[0].total == 4.0  # a flag, not a penalty
+    assert rs[1].total == 4.0
+    # a cut answer earns nothing, though the same text complete would earn 4.0 (the reward never pays length)
+    assert (rs[0].structure, rs[0].syntax, rs[0].tests, rs[0].cooperation, rs[0].total) == (0, 0, 0, 0, 0)
+    assert has_reason(rs[0], "truncated") and rs[0].aux_called  # the ungated facts are still recorded
+    off = level_rewards([TINY], [AUX_DOUBLE], [COMPREHENSION], sandbox, RewardConfig(zero_if_truncated=False),
+                        truncated=[True])  # fmt: skip
+    assert off[0].total == 4.0 and off[0].truncated is True  # the switch: a flag only
     with pytest.raises(ValueError, match="one flag per sample"):
         level_rewards([TINY], [AUX_DOUBLE], [COMPREHENSION], sandbox, truncated=[True, False])
 

@@ -16,6 +16,9 @@ from pathlib import Path
 from orchestry.config import IntervalsParams, SamplingParams
 from orchestry.problems import Problem
 
+#: Per-sample metrics of the trained-minus-base comparison (:func:`trained_minus_base`).
+PAIRED_METRICS = ("pass", "total", "coop_rate", "aux_called", "truncated")
+
 #: The evaluated agent pairs, in order: ``(name, uses the trained adapters)``.
 PAIRS: tuple[tuple[str, bool], ...] = (("base", False), ("magrpo", True))
 AGENTS = ("helper", "main")
@@ -129,3 +132,31 @@ def evaluate_workflow(
         summary = summarize(recs, ks, intervals.confidence, intervals.resamples)
         summary["seconds"] = time.time() - t0
         yield name, recs, summary
+
+
+def trained_minus_base(base: Sequence[dict], trained: Sequence[dict], intervals: IntervalsParams) -> dict:
+    """Trained pair minus base pair on the same problems, paired by problem, with percentile bootstrap intervals
+    over problems (:func:`orchestry.compare.paired_comparison`, ``intervals.resamples`` resamples).
+
+    Metrics (:data:`PAIRED_METRICS`): ``pass`` (pass@1: share of samples passing every assert), ``total`` (level
+    reward, 0-4), ``coop_rate`` (gated cooperation rate: cooperation bonus > 0), ``aux_called`` (ungated: main
+    calls the helper's aux), ``truncated`` (a completion hit the token limit).
+
+    Returns:
+        ``{metric: {"base", "trained", "diff", "diff_ci_low", "diff_ci_high", "excludes_zero", "n_problems"}}``.
+    """
+    from orchestry.compare import paired_comparison
+
+    df = paired_comparison(base, trained, PAIRED_METRICS, intervals.confidence, intervals.resamples)
+    return {
+        row.metric: {
+            "base": float(row.reference),
+            "trained": float(row.other),
+            "diff": float(row.diff),
+            "diff_ci_low": float(row.diff_low),
+            "diff_ci_high": float(row.diff_high),
+            "excludes_zero": bool(row.excludes_zero),
+            "n_problems": int(row.n_problems),
+        }
+        for row in df.itertuples()
+    }

@@ -27,6 +27,7 @@ from typing import Any
 import pandas as pd
 
 from orchestry.plots import METHOD_LABELS
+from orchestry.results import results_note, results_rows
 
 #: Figures in page order, with their captions; any other ``figures/*.png`` follows under its file name.
 FIGURES = {
@@ -544,7 +545,13 @@ def write_report(root: Path = Path("."), out: Path = Path("reports/index.html"))
         raise ReportError(f"no figure in {reports / 'figures'} (run the plot stage)")
     records = _records(reports)
 
+    header, rows = results_rows(metrics)
+    shows = (
+        _table([dict(zip(header, r, strict=True)) for r in rows])
+        + f"<p>{html.escape(results_note(metrics))}</p>"
+    )
     sections = [
+        ("shows", "What this run shows: base, best baseline and trained pair on each test set", shows),
         ("metrics", "Methods on the test split", _metrics_section(metrics, src["metrics"])),
         ("magrpo", "MAGRPO: training gain", _magrpo_section(train, src["magrpo"])),
         ("api-grpo", "API-GRPO: with vs without learned behaviours", _api_grpo_section(api, src["api_grpo"])),
