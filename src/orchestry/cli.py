@@ -242,7 +242,8 @@ def seeds(
         list[str] | None,
         typer.Option(
             help="Metric as file:key (nested keys with dots); 'A - B' for a difference. Repeatable. Default: "
-            "trained-minus-base test reward and last-minus-first-quarter training reward."
+            "trained minus base on the test split (pass@1, reward, gated cooperation rate, aux calls) and on "
+            "HumanEval (pass@1), and last-minus-first-quarter training reward."
         ),
     ] = None,
     confidence: Annotated[float, typer.Option(min=0.5, max=0.999, help="Interval level.")] = 0.95,
@@ -276,7 +277,11 @@ def seeds(
     from orchestry.experiments import collect, seed_table
 
     metrics = metric or [
-        "reports/metrics.json:methods.magrpo.reward - reports/metrics.json:methods.base.reward",
+        "reports/metrics.json:trained_minus_base.pass.diff",
+        "reports/metrics.json:trained_minus_base.total.diff",
+        "reports/metrics.json:trained_minus_base.coop_rate.diff",
+        "reports/metrics.json:trained_minus_base.aux_called.diff",
+        "reports/metrics.json:transfer.humaneval.trained_minus_base.pass.diff",
         "reports/train/magrpo.json:difference",
     ]
     keys = [" - ".join(f"metric:{part.strip()}" for part in m.split(" - ")) for m in metrics]
