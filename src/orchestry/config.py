@@ -183,8 +183,8 @@ class CoachParams(_Section):
 
 
 class TrainMagrpoParams(_Section):
-    num_steps: int = Field(16, ge=1, le=BIG, description="policy updates")
-    problems_per_step: int = Field(1, ge=1, le=4096, description="problems whose groups form one update")
+    num_steps: int = Field(24, ge=1, le=BIG, description="policy updates")
+    problems_per_step: int = Field(2, ge=1, le=4096, description="problems whose groups form one update")
     num_generations: int = Field(4, ge=2, le=1024, description="G: completions per agent per problem")
     learning_rate: float = Field(1e-3, gt=0, le=1, description="AdamW learning rate of each LoRA adapter")
     weight_decay: float = Field(0.0, ge=0, le=1)
@@ -240,8 +240,8 @@ class TrainMagrpoParams(_Section):
         "natively: AVX-512 BF16 / AMX CPUs, bf16-capable GPUs; fp32 elsewhere) | true (bf16 even where it is "
         "emulated, slowly) | false (fp32); resolved by orchestry.llm.local.resolve_bf16",
     )
-    checkpoint_every: int = Field(4, ge=1, le=BIG)
-    max_problems: int | None = Field(4, ge=1, le=BIG, description="cap on train problems (None: whole split)")
+    checkpoint_every: int = Field(8, ge=1, le=BIG)
+    max_problems: int | None = Field(None, ge=1, le=BIG, description="cap on train problems (None: whole split)")
     seed: Seed = 0
     micro_batch_tokens: int = Field(
         1024,
