@@ -23,6 +23,7 @@ def main() -> None:
     iv = params.intervals
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
     methods: dict[str, dict] = {}
+    turns = cfg.turns or params.train_magrpo.turns  # the episode the policy was trained in
     with stage_run("evaluate", logged, params.mlflow.experiment):
         workflow = params.train_magrpo.workflow == "writer_tester_fixer"
         agents = WORKFLOW_AGENTS[params.train_magrpo.workflow]
@@ -34,7 +35,7 @@ def main() -> None:
                 )
             else:
                 pairs = evaluate_agents(problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed,
-                                        cfg.batch_size, iv)  # fmt: skip
+                                        cfg.batch_size, iv, turns=turns)  # fmt: skip
             records: dict[str, list[dict]] = {}
             for name, recs, summary in pairs:
                 methods[name] = summary
@@ -50,6 +51,7 @@ def main() -> None:
             log_samples_table(recs, f"samples/eval_baseline_{path.stem}.json")
         report = {
             "test_problems": len(problems),
+            "turns": turns,
             # trained - base on the same problems, paired, bootstrap over problems (the learning claim)
             "trained_minus_base": trained_minus_base(records["base"], records["magrpo"], iv),
             "samples_per_problem": cfg.num_samples,
@@ -65,7 +67,7 @@ def main() -> None:
                 out: dict[str, dict] = {}
                 recs_t: dict[str, list[dict]] = {}
                 for name, recs, summary in evaluate_agents(extra, model, tok, sb, params.sampling, cfg.num_samples,
-                                                           cfg.seed, cfg.batch_size, iv):  # fmt: skip
+                                                           cfg.seed, cfg.batch_size, iv, turns=turns):  # fmt: skip
                     out[name], recs_t[name] = summary, recs
                     write_jsonl(f"reports/eval/transfer/{path.stem}_{name}.jsonl", recs)
                     log_metrics({f"transfer/{path.stem}/{name}/{k}": v for k, v in summary.items()})

@@ -132,7 +132,9 @@ class BaselinesParams(_Section):
         description=f"expanded by dvc.yaml's matrix into one stage per method: {' | '.join(BASELINE_METHODS)}",
     )
     num_samples: int = Field(1, ge=1, le=1000, description="samples per problem (k of pass@k)")
-    max_problems: int | None = Field(None, ge=1, le=BIG, description="cap on test problems (None: whole split)")
+    max_problems: int | None = Field(
+        None, ge=1, le=BIG, description="cap on test problems (None: whole split)"
+    )
     batch_size: int = Field(64, ge=1, le=4096, description="rows per generate call")
     seed: Seed = 0
 
@@ -241,7 +243,9 @@ class TrainMagrpoParams(_Section):
         "emulated, slowly) | false (fp32); resolved by orchestry.llm.local.resolve_bf16",
     )
     checkpoint_every: int = Field(8, ge=1, le=BIG)
-    max_problems: int | None = Field(None, ge=1, le=BIG, description="cap on train problems (None: whole split)")
+    max_problems: int | None = Field(
+        None, ge=1, le=BIG, description="cap on train problems (None: whole split)"
+    )
     seed: Seed = 0
     micro_batch_tokens: int = Field(
         1024,
@@ -306,6 +310,12 @@ class EvaluateParams(_Section):
         16, ge=1, le=BIG, description="cap on the problems of each transfer set (prepare.transfer; None: all)"
     )
     batch_size: int = Field(64, ge=1, le=4096, description="rows per generate call")
+    turns: int | None = Field(
+        None,
+        ge=1,
+        le=8,
+        description="turns per episode (None: train_magrpo.turns, the turns the policy was trained with)",
+    )
     seed: Seed = 1
 
 

@@ -58,8 +58,12 @@ def evaluate_agents(
     batch_size: int,
     intervals: IntervalsParams,
     progress: bool = True,
+    turns: int = 1,
 ) -> Iterator[tuple[str, list[dict], dict]]:
     """Sample and score the base pair, then the trained pair; yield ``(name, records, summary)`` for each.
+
+    With ``turns > 1`` each pair runs the episode it was trained in (:func:`later_turns`): a sample that did not
+    pass every assert gets turn t+1 with the sandbox's feedback on turn t; its record is the last turn's.
 
     Args:
         model: a peft model with adapters named ``helper`` and ``main`` (:func:`orchestry.runtime.load_policy`).
@@ -81,15 +85,86 @@ def evaluate_agents(
         if use_adapters:
             recs = run_method("magrpo", problems, model, tokenizer, sandbox, sampling, num_samples, seed,
                               batch_size, adapters=True, progress=progress)  # fmt: skip
+            recs = later_turns(
+                recs, problems, model, tokenizer, sandbox, sampling, seed, batch_size, turns, True
+            )
         else:
             with model.disable_adapter():
                 recs = run_method("concat", problems, model, tokenizer, sandbox, sampling, num_samples, seed,
                                   batch_size, progress=progress)  # fmt: skip
+                recs = later_turns(recs, problems, model, tokenizer, sandbox, sampling, seed, batch_size, turns,
+                                   False)  # fmt: skip
             for r in recs:
                 r["method"] = "base"
         summary = summarize(recs, ks, intervals.confidence, intervals.resamples)
         summary["seconds"] = time.time() - t0
         yield name, recs, summary
+
+
+def later_turns(
+    records: list[dict],
+    problems: Sequence[Problem],
+    model,
+    tokenizer,
+    sandbox,
+    sampling: SamplingParams,
+    seed: int,
+    batch_size: int,
+    turns: int,
+    adapters: bool,
+) -> list[dict]:
+    """Turns 2..``turns`` of the helper/main episode for the records of turn 1 (``run_method``'s).
+
+    As in training (``train_magrpo.turns``, :mod:`orchestry.tasks.multi_turn`): a sample that did not pass every
+    assert gets new prompts with the sandbox's feedback on its last turn (each failing assert with its error)
+    and main sees the helper's last ``aux``; samples that passed stop. Tokens and seconds add up over the turns;
+    ``turns_run`` counts them. The feedback quotes the failing asserts, so a multi-turn pass@1 is "with execution
+    feedback" (the MAGRPO paper's multi-turn setting) and not comparable to a one-turn figure.
+
+    Returns:
+        the records, each replaced by its last turn's (same order).
+    """
+    from orchestry.baselines import sample_texts
+    from orchestry.llm.local import chat_prompt
+    from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM
+    from orchestry.rewards.code import level_rewards
+    from orchestry.tasks.multi_turn import feedback_text, next_turn_prompts
+
+    by_id = {p.task_id: p for p in problems}
+    records = [dict(r, turns_run=1) for r in records]
+    for t in range(1, turns):
+        todo = [i for i, r in enumerate(records) if not r.get("pass")]
+        if not todo:
+            break
+        pairs = []
+        for i in todo:
+            r = records[i]
+            p = by_id[r["task_id"]]
+            pairs.append(next_turn_prompts(p, r["helper"], r["main"], feedback_text(p, r)))
+        prompts = [chat_prompt(tokenizer, h, HELPER_SYSTEM) for h, _ in pairs]
+        prompts += [chat_prompt(tokenizer, m, MAIN_SYSTEM) for _, m in pairs]
+        agents = ["helper"] * len(todo) + ["main"] * len(todo) if adapters else None
+        gens = sample_texts(model, tokenizer, prompts, agents, sampling, seed + 300_000 * t, batch_size)
+        hs, ms = gens[: len(todo)], gens[len(todo) :]
+        rewards = level_rewards([by_id[records[i]["task_id"]] for i in todo], [h.text for h in hs],
+                                [m.text for m in ms], sandbox,
+                                truncated=[h.truncated or m.truncated for h, m in zip(hs, ms, strict=True)])  # fmt: skip
+        for i, h, m, rw in zip(todo, hs, ms, rewards, strict=True):
+            old = records[i]
+            records[i] = {
+                **old,
+                "helper": h.text,
+                "main": m.text,
+                **rw.to_dict(),
+                "pass": rw.all_passed,
+                "helper_truncated": h.truncated,
+                "main_truncated": m.truncated,
+                "prompt_tokens": old["prompt_tokens"] + h.prompt_tokens + m.prompt_tokens,
+                "completion_tokens": old["completion_tokens"] + h.completion_tokens + m.completion_tokens,
+                "seconds": old["seconds"] + h.seconds + m.seconds,
+                "turns_run": t + 1,
+            }
+    return records
 
 
 def evaluate_workflow(

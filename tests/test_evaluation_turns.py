@@ -1,0 +1,37 @@
+"""evaluate.turns: multi-turn policies are evaluated in the episode they were trained in (later turns get the
+sandbox's feedback; samples that passed stop)."""
+
+import pytest
+
+from orchestry.baselines import run_method
+from orchestry.config import SamplingParams
+from orchestry.evaluation import later_turns
+from orchestry.generators.compositional import generate
+from orchestry.problems import make_problem
+from orchestry.sandbox import Sandbox
+
+
+@pytest.fixture
+def sandbox():
+    with Sandbox(timeout_s=2.0) as sb:
+        yield sb
+
+
+def test_later_turns_rerun_only_failed_samples_and_add_up_tokens(saved_agents, sandbox) -> None:
+    model, tok, _, _ = saved_agents
+    problems = [make_problem(g.record) for g in generate(2, 2, seed=0)]
+    sampling = SamplingParams(max_completion_length=8)
+    first = run_method(
+        "magrpo", problems, model, tok, sandbox, sampling, 2, 0, 8, adapters=True, progress=False
+    )
+    assert not any(r["pass"] for r in first)  # a random tiny model passes nothing
+    first[0] = {**first[0], "pass": True}  # pretend sample 0 passed: it must stop after turn 1
+    out = later_turns(first, problems, model, tok, sandbox, sampling, 0, 8, turns=3, adapters=True)
+    assert [r["turns_run"] for r in out] == [1, 3, 3, 3]
+    assert out[0] == {**first[0], "turns_run": 1}
+    for a, b in zip(first[1:], out[1:], strict=True):
+        assert b["task_id"] == a["task_id"] and b["sample"] == a["sample"]
+        assert b["completion_tokens"] > a["completion_tokens"]  # three turns of tokens
+    assert later_turns(first, problems, model, tok, sandbox, sampling, 0, 8, turns=1, adapters=True) == [
+        {**r, "turns_run": 1} for r in first
+    ]
