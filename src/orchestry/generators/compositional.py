@@ -268,22 +268,24 @@ def _record(index: int, steps: list[tuple[Primitive, object]], inputs: list, pre
 
 
 def _valid(steps, inputs) -> bool:
-    """Outputs not all equal, and no step redundant (leaving one out changes some output)."""
+    """Outputs not all equal, and no steps redundant: leaving out any of them (one step, or several that cancel,
+    such as ``reverse ... reverse`` or ``split ... join``) changes some output."""
     try:
         outs = [_run(steps, x) for x in inputs]
     except Exception:
         return False
     if all(o == outs[0] for o in outs):
         return False
-    for i in range(len(steps)):
-        rest = steps[:i] + steps[i + 1 :]
-        if not rest or not _connects(rest):
-            continue
-        try:
-            if [_run(rest, x) for x in inputs] == outs:
-                return False
-        except Exception:
-            continue
+    for size in range(1, len(steps)):
+        for keep in itertools.combinations(range(len(steps)), size):
+            rest = [steps[i] for i in keep]
+            if rest[0][0].source != steps[0][0].source or not _connects(rest):
+                continue
+            try:
+                if [_run(rest, x) for x in inputs] == outs:
+                    return False
+            except Exception:
+                continue
     return True
 
 
@@ -307,6 +309,7 @@ def generate(
     num_tests: int = 4,
     prefix: str = "Compositional",
     allow_fewer: bool = False,
+    taken: set | None = None,
 ) -> list[Generated]:
     """``count`` distinct problems (one per composition), deterministic for a seed.
 
@@ -318,6 +321,8 @@ def generate(
         num_tests: asserts per problem (3-5).
         prefix: task ids are ``<prefix>/<index>``.
         allow_fewer: return every valid composition when there are fewer than ``count`` (no error).
+        taken: behaviour signatures already used (e.g. by another difficulty): problems computing one of these
+            functions are skipped; the new problems' signatures are added to it.
 
     Returns:
         :class:`Generated` problems in a seeded order.
@@ -345,7 +350,7 @@ def generate(
         pools[d] = pool
     out: list[Generated] = []
     seen: set[tuple[str, ...]] = set()
-    behaviours: set[tuple] = set()
+    behaviours: set[tuple] = taken if taken is not None else set()
     cursor = dict.fromkeys(pools, 0)
     turn = 0
     while len(out) < count:
@@ -429,11 +434,12 @@ def generate_splits(
             left[name] = left.get(name, 0) - take
     counts[depths[-1]] = {name: left.get(name, 0) for name in SPLITS}
     out: dict[str, list[dict]] = {name: [] for name in SPLITS}
+    taken: set[tuple] = set()  # one function never appears twice, whatever the difficulties
     for d in depths:
         need = sum(counts[d].values())
         if need == 0:
             continue
-        pool_d = generate(need, d, seed, types, num_tests)
+        pool_d = generate(need, d, seed, types, num_tests, taken=taken)
         at = 0
         for name in SPLITS:
             for g in pool_d[at : at + counts[d][name]]:
