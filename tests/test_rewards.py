@@ -59,6 +59,7 @@ FIELDS = {
     "tests",
     "cooperation",
     "total",
+    "format_paid",
     "passed",
     "total_asserts",
     "scheme",
@@ -511,3 +512,15 @@ def test_single_rewards(sandbox) -> None:
     assert rs[2].total == 0.0 and has_reason(rs[2], "main: no code block found")
     assert not any(r.aux_defined or r.aux_called or r.aux_used for r in rs)  # no helper to call
     assert single_rewards([TINY], [good], sandbox, truncated=[True])[0].truncated is True
+
+
+def test_format_points_need_a_passing_assert(sandbox) -> None:
+    """Well-formed wrong code earns 0 (its levels still recorded); one passing assert pays the format points."""
+    wrong = "def double_all(xs):\n    return [0]\n"  # parses, defines the entry point, fails all 3 asserts
+    one_pass = "def double_all(xs):\n    return []\n"  # passes only candidate([]) == []
+    w, o = level_rewards([TINY, TINY], [AUX_DOUBLE] * 2, [wrong, one_pass], sandbox)
+    assert (w.structure, w.syntax, w.passed, w.total, w.format_paid) == (1.0, 0.5, 0, 0.0, False)
+    assert has_reason(w, "format:") and w.to_dict()["total"] == 0.0 and w.to_dict()["format_paid"] is False
+    assert o.passed == 1 and o.format_paid and o.total == pytest.approx(1.0 + 0.5 + 1 / 3)
+    gentle = level_rewards([TINY], [AUX_DOUBLE], [wrong], sandbox, RewardConfig(format_needs_a_pass=False))[0]
+    assert gentle.format_paid and gentle.total == pytest.approx(1.5 + gentle.tests)

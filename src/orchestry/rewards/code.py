@@ -13,6 +13,11 @@ Source: MAGRPO paper (arXiv 2508.04652, code-generation reward) and the authors'
 4. cooperation (0..1.5, only if >= 1 assert passed and the helper defines ``aux``): +0.5 if the entry point
    uses aux; +1.0 more if it is not a mere wrapper of aux; -0.5 if aux is called but its value ignored.
 
+Two deliberate differences from the paper's reward, both on by default (:class:`RewardConfig`): the structure
+and syntax points are paid only to a program that passes at least one assert (``format_needs_a_pass``; the
+levels are still recorded), and a sample cut at the token limit scores 0 (``zero_if_truncated``). Without
+them a weak policy is paid for short well-formed wrong code and for never finishing.
+
 Alongside the gated levels, every sample gets ungated collaboration facts that can move long before a pair
 passes an assert (:class:`LevelReward`): ``aux_defined`` (the helper defines a top-level ``aux``),
 ``aux_called`` (main's entry point calls or references the helper's ``aux``), ``aux_used`` (it calls aux and
@@ -165,6 +170,13 @@ class RewardConfig:
         ignored_return: level 4, added (negative) when an aux call's value is ignored (given it uses aux).
         aux_name: the helper function's name.
         max_answer_chars: longer answers score 0 with a reason (bounds parse/extraction work).
+        format_needs_a_pass: the structure and syntax points are paid only to a program that passes at least
+            one assert (the cooperation level's gate, applied to the format levels too). Otherwise a weak policy
+            whose programs rarely pass is paid 1.5 of 4.0 for any short program that parses, and learns exactly
+            that: on the generated problems the default run with format always paid raised the trained pair's
+            mean reward from 1.02 to 1.43 while its pass@1 fell from 0.062 to 0.016 (one-line bodies such as
+            ``return xs ** 2``). With the gate, a wrong program earns 0 however well-formed, so the reward
+            rises only with correctness (partial: passed/total asserts) and cooperation.
         zero_if_truncated: a sample whose completion hit the token limit (``truncated=`` flags) scores 0 at
             every level, with a reason. Otherwise a cut answer keeps the structure points of the functions it
             began (a broken function still counts as defined), so a policy is paid for starting functions it
@@ -183,6 +195,7 @@ class RewardConfig:
     aux_name: str = "aux"
     max_answer_chars: int = MAX_ANSWER_CHARS
     zero_if_truncated: bool = True
+    format_needs_a_pass: bool = True
 
     @property
     def max_total(self) -> float:
@@ -222,6 +235,9 @@ class LevelReward:
             value (``map(aux, xs)``) counts as used.
         truncated: a completion of this sample hit the token limit (``max_completion_length``), as told by
             the caller (``truncated=`` of :func:`level_rewards`); ``None``: not known.
+        format_paid: the structure and syntax points count in :attr:`total`. False when
+            :attr:`RewardConfig.format_needs_a_pass` holds and no assert passed: ``structure`` and ``syntax``
+            still record what the code reached (diagnostics), the reward pays only tests and cooperation.
         reasons: one line per lost point, prefixed by ``helper:``/``main:``/``syntax:``/``tests:``/
             ``cooperation:``.
     """
@@ -238,11 +254,14 @@ class LevelReward:
     aux_called: bool = False
     aux_used: bool = False
     truncated: bool | None = None
+    format_paid: bool = True
 
     @property
     def total(self) -> float:
-        """Sum of the four levels (max 4.0 with the default weights)."""
-        return self.structure + self.syntax + self.tests + self.cooperation
+        """The reward: sum of the four levels (max 4.0 with the default weights), the structure and syntax
+        points counted only when :attr:`format_paid` (see :attr:`RewardConfig.format_needs_a_pass`)."""
+        paid = self.structure + self.syntax if self.format_paid else 0.0
+        return paid + self.tests + self.cooperation
 
     @property
     def all_passed(self) -> bool:
@@ -268,6 +287,7 @@ class LevelReward:
             "aux_called": self.aux_called,
             "aux_used": self.aux_used,
             "truncated": self.truncated,
+            "format_paid": self.format_paid,
         }
 
 
@@ -591,6 +611,13 @@ def _score(
                 st.program = None  # no tests, so no cooperation either
                 st.reward.reasons.insert(0, "truncated: a completion hit the token limit (scored 0)")
     _level_3(states, sandbox, config)
+    if config.format_needs_a_pass:
+        for st in states:
+            if st.reward.passed == 0 and (st.reward.structure or st.reward.syntax):
+                st.reward.format_paid = False
+                st.reward.reasons.append(
+                    "format: structure and syntax points are paid only with a passing assert"
+                )
     if pair:
         for st in states:
             try:
