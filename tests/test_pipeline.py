@@ -57,7 +57,9 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     assert metrics["methods"]["magrpo"]["n_samples"] == 4  # 2 problems x 2 samples
     assert 0.0 <= metrics["methods"]["magrpo"]["reward"] <= 4.0
     transfer = metrics["transfer"]["humaneval"]
-    assert transfer["problems"] == 1 and transfer["methods"]["magrpo"]["n_samples"] == 2  # 1 problem x 2 samples
+    assert (
+        transfer["problems"] == 1 and transfer["methods"]["magrpo"]["n_samples"] == 2
+    )  # 1 problem x 2 samples
     assert (repo / "reports/eval/transfer/humaneval_base.jsonl").exists()
     assert {"with", "without"} <= set(metrics["api_grpo"]["eval"])
     schemes = json.loads((repo / "reports/schemes.json").read_text())

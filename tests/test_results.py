@@ -23,7 +23,14 @@ def _summary(pass_rate: float, reward: float) -> dict:
 
 
 def _diff(d: float, lo: float, hi: float) -> dict:
-    return {"base": 0, "trained": d, "diff": d, "diff_ci_low": lo, "diff_ci_high": hi, "excludes_zero": lo > 0}
+    return {
+        "base": 0,
+        "trained": d,
+        "diff": d,
+        "diff_ci_low": lo,
+        "diff_ci_high": hi,
+        "excludes_zero": lo > 0,
+    }
 
 
 METRICS = {
