@@ -108,7 +108,7 @@ def test_run_method_progress_and_unchanged_rewards(
     with Sandbox(timeout_s=3.0, max_workers=1) as sb:
         recs = run_method("concat", probs, model, tok, sb, sampling, num_samples=2, seed=3, batch_size=3)
         whole = level_rewards([probs[0]] * 2 + [probs[1]] * 2, [r["helper"] for r in recs],
-                              [r["main"] for r in recs], sb)  # fmt: skip
+                              [r["main"] for r in recs], sb, truncated=[r["truncated"] for r in recs])  # fmt: skip
     err = capsys.readouterr().err
     assert "concat: generate" in err and "3/3" in err and "tok_s=" in err  # 8 prompts in batches of 3
     assert "concat: score" in err and "4/4" in err
