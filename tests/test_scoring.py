@@ -96,6 +96,7 @@ def test_score_cli_keeps_order_keys_and_reasons(tmp_path: Path, problems_file: P
         "aux_called",
         "aux_used",
         "truncated",
+        "format_paid",
     }
     for row in rows:
         assert fields <= set(row)
