@@ -47,7 +47,7 @@ def best_baseline(methods: dict) -> str | None:
     return max(names, key=lambda m: (methods[m].get("pass_rate") or 0.0, methods[m].get("reward") or 0.0))
 
 
-def _rows(title: str, methods: dict, paired: dict | None, n_problems) -> list[list[str]]:
+def _rows(title: str, methods: dict, paired: dict | None) -> list[list[str]]:
     rows = []
     order = [("base", "base pair")]
     best = best_baseline(methods)
@@ -83,14 +83,12 @@ def results_rows(metrics: dict) -> tuple[list[str], list[list[str]]]:
         f"generated test split ({metrics.get('test_problems', '?')} problems)",
         metrics["methods"],
         metrics.get("trained_minus_base"),
-        metrics.get("test_problems"),
     )
     for name, t in (metrics.get("transfer") or {}).items():
         rows += _rows(
             f"transfer: {name} ({t.get('problems', '?')} problems)",
             t.get("methods") or {},
             t.get("trained_minus_base"),
-            t.get("problems"),
         )
     return header, rows
 

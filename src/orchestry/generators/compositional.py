@@ -25,6 +25,7 @@ Documented in docs/problems.md.
 from __future__ import annotations
 
 import builtins
+import functools
 import itertools
 import keyword
 import random
@@ -292,9 +293,15 @@ def _valid(steps, inputs) -> bool:
 def _signature(steps) -> tuple:
     """The outputs on fixed probe inputs: two problems with equal signatures compute the same function
     (e.g. ``reverse, keep_positive`` and ``keep_positive, reverse``), so only the first is kept."""
+    source = steps[0][0].source
+    return (source, tuple(repr(_run(steps, x)) for x in _probes(source)))
+
+
+@functools.cache
+def _probes(source: str) -> tuple:
+    """The 24 fixed probe inputs of :func:`_signature` for an input type (drawn once)."""
     rng = random.Random(12345)
-    probes = [_random_input(steps[0][0].source, rng) for _ in range(24)]
-    return (steps[0][0].source, tuple(repr(_run(steps, x)) for x in probes))
+    return tuple(_random_input(source, rng) for _ in range(24))
 
 
 def _connects(steps) -> bool:
