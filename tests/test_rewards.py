@@ -101,6 +101,10 @@ def has_reason(reward: LevelReward, *parts: str) -> bool:
         ("```text\nnot code\n```\n```py\ny = 1\n```", "y = 1\n"),
         ("def aux(x):\n    return x\n```\nExplanation after the fence end.", "def aux(x):\n    return x\n"),
         ("```python\ndef aux(x):\n    return x", "def aux(x):\n    return x\n"),  # truncated answer
+        # cut in a second function: the finished one is kept, the unfinished tail dropped
+        ("```python\ndef f(xs):\n    return xs\n\n# again\ndef f(xs):\n    return sum(x", "def f(xs):\n    return xs\n\n# again\n"),
+        ("```python\ndef f(xs):\n    return sum(x", "def f(xs):\n    return sum(x\n"),  # nothing finished: kept as is
+        ("```python\nimport math\nprint(math.pi", "import math\n"),
         ("def aux(x):\n    return x\n", "def aux(x):\n    return x\n"),
         ("  ```python\n  def aux(x):\n      return x\n  ```", "def aux(x):\n    return x\n"),
         ("Intro.\ndef aux(x):\n    return x\n\nThis returns x, as asked.\n", "def aux(x):\n    return x\n"),
@@ -489,12 +493,17 @@ def test_truncated_flag_is_passed_through(sandbox) -> None:
         False,
     ]
     assert rs[1].total == 4.0
-    # a cut answer earns nothing, though the same text complete would earn 4.0 (the reward never pays length)
-    assert (rs[0].structure, rs[0].syntax, rs[0].tests, rs[0].cooperation, rs[0].total) == (0, 0, 0, 0, 0)
-    assert has_reason(rs[0], "truncated") and rs[0].aux_called  # the ungated facts are still recorded
-    off = level_rewards([TINY], [AUX_DOUBLE], [COMPREHENSION], sandbox, RewardConfig(zero_if_truncated=False),
-                        truncated=[True])  # fmt: skip
-    assert off[0].total == 4.0 and off[0].truncated is True  # the switch: a flag only
+    # a cut answer earns its asserts and cooperation but never the format points the complete one earns
+    assert (rs[0].structure, rs[0].syntax, rs[0].tests, rs[0].cooperation) == (1.0, 0.5, 1.0, 1.5)
+    assert rs[0].format_paid is False and rs[0].total == 2.5 and has_reason(rs[0], "cut answer")
+    assert rs[0].to_dict()["total"] == 2.5
+    zero = level_rewards([TINY], [AUX_DOUBLE], [COMPREHENSION], sandbox, RewardConfig(zero_if_truncated=True),
+                         truncated=[True])  # fmt: skip
+    assert (zero[0].structure, zero[0].syntax, zero[0].tests, zero[0].cooperation, zero[0].total) == (0,) * 5
+    assert has_reason(zero[0], "truncated") and zero[0].aux_called  # the ungated facts are still recorded
+    paid = level_rewards([TINY], [AUX_DOUBLE], [COMPREHENSION], sandbox, RewardConfig(cut_pays_format=True),
+                         truncated=[True])  # fmt: skip
+    assert paid[0].total == 4.0 and paid[0].truncated is True  # the switch: a flag only
     with pytest.raises(ValueError, match="one flag per sample"):
         level_rewards([TINY], [AUX_DOUBLE], [COMPREHENSION], sandbox, truncated=[True, False])
 

@@ -15,8 +15,9 @@ Source: MAGRPO paper (arXiv 2508.04652, code-generation reward) and the authors'
 
 Two deliberate differences from the paper's reward, both on by default (:class:`RewardConfig`): the structure
 and syntax points are paid only to a program that passes at least one assert (``format_needs_a_pass``; the
-levels are still recorded), and a sample cut at the token limit scores 0 (``zero_if_truncated``). Without
-them a weak policy is paid for short well-formed wrong code and for never finishing.
+levels are still recorded), and a sample cut at the token limit is scored on its finished statements without
+the structure and syntax points (``cut_pays_format`` off). Without them a weak policy is paid for short
+well-formed wrong code and for never finishing.
 
 Alongside the gated levels, every sample gets ungated collaboration facts that can move long before a pair
 passes an assert (:class:`LevelReward`): ``aux_defined`` (the helper defines a top-level ``aux``),
@@ -102,7 +103,9 @@ def extract_code(text: str, max_chars: int = MAX_ANSWER_CHARS) -> tuple[str, str
        no language tag and a line starting with ``def``/``class``/``import``/``@`` precedes it, the text
        from that line up to the fence (even if it does not parse: the syntax level reports it);
     2. the first fenced block tagged ``python`` (``py``, ``python3``, ...), else the first untagged block;
-       an unclosed fence (a truncated answer) runs to the end of the text;
+       an unclosed fence (a truncated answer) runs to the end of the text, cut to its longest prefix that
+       parses before a column-0 line (its finished top-level statements: a function cut in the middle is
+       dropped, the complete ones before it are kept; nothing is dropped if no such prefix parses);
     3. the whole text, if it parses and holds a statement other than a bare expression (so that prose
        which happens to parse, such as ``Sure`` or ``Done``, is not taken for code);
     4. unfenced code mixed with prose: from the first line starting with ``def``/``class``/``import``/``@``
@@ -136,7 +139,10 @@ def extract_code(text: str, max_chars: int = MAX_ANSWER_CHARS) -> tuple[str, str
         for i in range(0, len(fences), 2):
             opening = fences[i]
             closing = fences[i + 1] if i + 1 < len(fences) else None
-            body = text[opening.end() + 1 : closing.start() if closing else len(text)]
+            if closing is not None:
+                body = text[opening.end() + 1 : closing.start()]
+            else:  # cut inside the block: keep its finished statements (an unfinished tail never counts)
+                body = _longest_parsable_prefix(textwrap.dedent(text[opening.end() + 1 :]).rstrip())
             blocks.append((opening.group(1).lower(), body))
         for wanted in (_PY_TAGS, {""}):
             for tag, body in blocks:
@@ -177,12 +183,17 @@ class RewardConfig:
             mean reward from 1.02 to 1.43 while its pass@1 fell from 0.062 to 0.016 (one-line bodies such as
             ``return xs ** 2``). With the gate, a wrong program earns 0 however well-formed, so the reward
             rises only with correctness (partial: passed/total asserts) and cooperation.
-        zero_if_truncated: a sample whose completion hit the token limit (``truncated=`` flags) scores 0 at
-            every level, with a reason. Otherwise a cut answer keeps the structure points of the functions it
-            began (a broken function still counts as defined), so a policy is paid for starting functions it
-            never finishes and learns to never stop. Cut answers earn nothing, complete ones can: the reward
-            favours stopping, never length (DAPO, arXiv 2503.14476, filters or penalises overlong samples for
-            the same reason). The ungated collaboration facts and the scheme are still recorded.
+        cut_pays_format: the structure and syntax points of a sample whose completion hit the token limit
+            (``truncated=`` flags). Off by default: a cut answer is scored on its finished statements only
+            (:func:`extract_code` drops the unfinished tail of an unclosed block), so it can earn its asserts
+            and cooperation but never the format points, which complete answers can earn. Without this rule a
+            cut answer kept the structure points of the function it was cut in (a broken function still
+            counts as defined) and a policy learned to never stop. Nothing in the reward grows with length,
+            and stopping is worth the format points (DAPO, arXiv 2503.14476, penalises overlong samples).
+        zero_if_truncated: stricter (off by default): a cut sample scores 0 at every level, with a reason,
+            even when its finished functions pass (the rule of earlier versions: measured on the generated
+            test split, it scored 0 a quarter of the base pair's samples that were correct before the cut).
+            The ungated collaboration facts and the scheme are still recorded.
     """
 
     aux_defined_returns: float = 0.4
@@ -194,7 +205,8 @@ class RewardConfig:
     ignored_return: float = -0.5
     aux_name: str = "aux"
     max_answer_chars: int = MAX_ANSWER_CHARS
-    zero_if_truncated: bool = True
+    zero_if_truncated: bool = False
+    cut_pays_format: bool = False
     format_needs_a_pass: bool = True
 
     @property
@@ -236,8 +248,9 @@ class LevelReward:
         truncated: a completion of this sample hit the token limit (``max_completion_length``), as told by
             the caller (``truncated=`` of :func:`level_rewards`); ``None``: not known.
         format_paid: the structure and syntax points count in :attr:`total`. False when
-            :attr:`RewardConfig.format_needs_a_pass` holds and no assert passed: ``structure`` and ``syntax``
-            still record what the code reached (diagnostics), the reward pays only tests and cooperation.
+            :attr:`RewardConfig.format_needs_a_pass` holds and no assert passed, or a completion was cut at
+            the token limit (:attr:`RewardConfig.cut_pays_format` off): ``structure`` and ``syntax`` still
+            record what the code reached (diagnostics), the reward pays only tests and cooperation.
         reasons: one line per lost point, prefixed by ``helper:``/``main:``/``syntax:``/``tests:``/
             ``cooperation:``.
     """
@@ -611,13 +624,15 @@ def _score(
                 st.program = None  # no tests, so no cooperation either
                 st.reward.reasons.insert(0, "truncated: a completion hit the token limit (scored 0)")
     _level_3(states, sandbox, config)
-    if config.format_needs_a_pass:
-        for st in states:
-            if st.reward.passed == 0 and (st.reward.structure or st.reward.syntax):
-                st.reward.format_paid = False
-                st.reward.reasons.append(
-                    "format: structure and syntax points are paid only with a passing assert"
-                )
+    for k, st in enumerate(states):
+        if not (st.reward.structure or st.reward.syntax):
+            continue
+        if config.format_needs_a_pass and st.reward.passed == 0:
+            st.reward.format_paid = False
+            st.reward.reasons.append("format: structure and syntax points are paid only with a passing assert")
+        elif truncated is not None and truncated[k] and not config.cut_pays_format:
+            st.reward.format_paid = False
+            st.reward.reasons.append("format: a cut answer earns no structure and syntax points")
     if pair:
         for st in states:
             try:
