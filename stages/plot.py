@@ -1,5 +1,6 @@
 """Stage `plot`: PNG figures under reports/figures/ (learning curves, methods, schemes, API-GRPO, orchestrator)
-and the HTML report of every result, reports/index.html (:mod:`orchestry.report`)."""
+and the HTML report of every result, reports/index.html (:mod:`orchestry.report`). The last stage: it also copies
+the execution's key metrics onto the pipeline execution's parent MLflow run (tracking.log_execution_metrics)."""
 
 import json
 import sys
@@ -19,7 +20,7 @@ from orchestry.plots_orchestrator import plot_orchestrator
 from orchestry.report import ReportError, write_report
 from orchestry.results import results_markdown
 from orchestry.runtime import start_stage
-from orchestry.tracking import stage_run
+from orchestry.tracking import log_execution_metrics, stage_run
 
 OUT = Path("reports/figures")
 REPORT = Path("reports/index.html")
@@ -47,6 +48,9 @@ def main() -> None:
         plot_api_grpo(Path("reports/api_grpo"), OUT / "api_grpo.png", cfg.dpi)
         plot_orchestrator(Path("reports/orchestrator"), OUT, cfg.dpi)
         mlflow.log_artifacts(str(OUT), "figures")
+        # the parent run gets the key metrics: a collapsed runs table compares executions
+        key = log_execution_metrics(Path("reports"))
+        print(f"{len(key)} key metrics on the parent run")
         print("figures:", ", ".join(sorted(p.name for p in OUT.glob("*.png"))))
         try:
             write_report(Path("."), REPORT)
