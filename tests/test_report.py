@@ -21,7 +21,9 @@ from urllib.parse import unquote, urlparse
 import pytest
 import yaml
 
-from orchestry.report import FIGURES, ReportError, write_report
+from orchestry.algorithms.orchestrator import step_rewards
+from orchestry.report import FIGURES, OBJECTIVE_LABEL, ReportError, write_report
+from orchestry.tracking import stage_run, ui_base
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
@@ -73,14 +75,22 @@ def _parse(page: Path) -> _Page:
     return p
 
 
+def _mlflow_link(url) -> bool:
+    """A link into the MLflow UI that ``orchestry ui`` serves (an experiment's page or a run's)."""
+    return f"{url.scheme}://{url.netloc}" == ui_base() and url.fragment.startswith("/experiments/")
+
+
 def broken_references(page: Path) -> list[str]:
     """Every ``<img src>`` and ``<a href>`` of ``page`` that is not an existing file (relative to the page's
-    folder) or an id of the page; anything with a scheme or host (network) counts as broken."""
+    folder) or an id of the page; anything with a scheme or host (network) counts as broken, except an ``<a>``
+    into the MLflow UI of ``orchestry ui`` (the provenance and figure links of a page built in a stage run)."""
     parsed = _parse(page)
     bad = []
     for kind, refs in (("img", parsed.images), ("a", parsed.links)):
         for ref in refs:
             url = urlparse(ref)
+            if kind == "a" and _mlflow_link(url):
+                continue
             if url.scheme or url.netloc or not (url.path or url.fragment):
                 bad.append(f"{kind} {ref!r}: not a relative link")
             elif not url.path:
@@ -293,3 +303,87 @@ def test_plot_stage_fails_in_one_line_when_the_report_cannot_be_built(tmp_path):
     assert "Traceback" not in err
     assert not (reports / "index.html").exists()
     assert set(FIGURES) <= {f.name for f in (reports / "figures").glob("*.png")}  # the stage got that far
+
+
+# ---------------------------------------------------------------- the orchestrator's objective, provenance
+
+
+def _orchestrator_table(page: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the first table of the orchestrator section."""
+    section = page.split('<section id="orchestrator">')[1].split("</table>")[0]
+    header = [re.sub(r"<[^>]+>", "", h).strip() for h in re.findall(r"<th[^>]*>(.*?)</th>", section, re.S)]
+    rows = [
+        [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+        for row in re.findall(r"<tr>(.*?)</tr>", section.split("<tbody>")[1], re.S)
+    ]
+    return header, rows
+
+
+def test_the_orchestrator_objective_column_says_what_it_holds(built):
+    """The label's formula, applied to the shown reward and cost, gives the shown objective (to rounding), and
+    the trainer's rewards (Puppeteer's, docs/orchestrator.md) sum to that formula."""
+    from html import unescape
+
+    summary = json.loads((built.parent / "orchestrator" / "summary.json").read_text())
+    lam = summary["cost_lambda"]
+    header, rows = _orchestrator_table(built.read_text(encoding="utf-8"))
+    label = unescape(OBJECTIVE_LABEL)
+    assert label in header
+    m = re.fullmatch(r"objective = reward − (\d*)λ·cost", label)
+    assert m, label
+    k = float(m.group(1) or 1)
+    # the trainer's return of one episode: costs 100 and 50 tokens, task reward 1.5
+    assert sum(step_rewards([100.0, 50.0], 1.5, lam)) == pytest.approx(1.5 - k * lam * 150.0)
+    col = {name: header.index(name) for name in header}
+    cost_col = next(c for c in header if c.startswith("cost ("))
+    assert rows
+    for row in rows:
+        reward = float(row[col["task reward"]].split()[0])
+        cost = float(row[col[cost_col]].split()[0].replace(",", ""))
+        objective = float(row[col[label]].split()[0])
+        # shown reward has 2 decimals and cost 0: allow that rounding
+        assert objective == pytest.approx(reward - k * lam * cost, abs=0.006 + k * lam * 0.5), row
+    for name, s in summary["eval"]["methods"].items():  # and exactly, on the summary's own means
+        expected = s["task_reward"]["mean"] - k * lam * s["cost"]["mean"]
+        assert s["objective"]["mean"] == pytest.approx(expected, abs=1e-3), name
+
+
+def test_the_page_states_its_provenance(built):
+    page = built.read_text(encoding="utf-8")
+    section = page.split('<section id="provenance">')[1].split("</section>")[0]
+    empty = __import__("hashlib").sha256(b"").hexdigest()  # the copy has no params.yaml
+    for part in ("made (UTC)", "git revision", empty, "none (the workspace)", "No MLflow run links"):
+        assert part in section, part
+    assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", section)
+
+
+def test_a_page_built_in_a_stage_run_links_its_mlflow_runs(tmp_path, monkeypatch):
+    import mlflow
+
+    _copy_reports(tmp_path)
+    (tmp_path / "params.yaml").write_text("plot:\n  dpi: 50\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-report")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    try:
+        with stage_run("evaluate", {}, "orchestry", uri=uri) as evaluate:
+            pass
+        with stage_run("plot", {}, "orchestry", uri=uri) as plot:
+            page = write_report(tmp_path)
+    finally:
+        mlflow.set_tracking_uri(None)
+    client = mlflow.MlflowClient(uri)
+    parent = client.get_run(plot.data.tags["mlflow.parentRunId"])
+    exp = plot.info.experiment_id
+    html = page.read_text(encoding="utf-8")
+    section = html.split('<section id="provenance">')[1].split("</section>")[0]
+    base = ui_base()
+    for run_id in (parent.info.run_id, evaluate.info.run_id, plot.info.run_id):
+        assert f'href="{base}/#/experiments/{exp}/runs/{run_id}"' in section
+    assert "exp-report" in section and parent.data.tags["params_hash"] in section
+    for fig in (page.parent / "figures").glob("*.png"):  # each figure links its artifact in the plot run
+        assert (
+            f'href="{base}/#/experiments/{exp}/runs/{plot.info.run_id}/artifacts/figures/{fig.name}"' in html
+        )
+    assert broken_references(page) == []

@@ -11,16 +11,24 @@ Inputs, all under ``<root>/reports/`` (the committed outputs of the DVC stages):
 ``orchestrator/summary.json`` (train_orchestrator) and ``figures/*.png`` (plot). Tables are made with pandas
 (``DataFrame.to_html``); model-written text is escaped (``html.escape``). Links are relative, the CSS is inline
 and there is no script, so the page works from a copy of ``reports/`` opened as a file, offline.
+
+The page states its provenance (:func:`provenance`): when it was made (UTC), the git revision, the SHA-256 of
+``params.yaml``, the DVC experiment and, when it is built inside an MLflow stage run (the ``plot`` stage), links to
+the pipeline execution's parent run, to each stage run of that execution and, per figure, to the figure logged
+in the ``plot`` run. Those are the only absolute links: they point at the MLflow UI that ``orchestry ui`` serves
+(:func:`orchestry.tracking.ui_base`) and work while it runs.
 """
 
 from __future__ import annotations
 
+import datetime
 import html
 import json
 import math
 import os
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +64,11 @@ SCHEME_DESCRIPTIONS = {
     "wrapper": "main only returns aux's value.",
     "none": "aux is never called by the entry point (or the code does not parse).",
 }
+
+#: Column of the orchestrator tables: the summary's ``objective``, the undiscounted return of Puppeteer's rewards
+#: (R_t = -lambda c_t, then R_T = r - lambda C_T): r - 2 lambda C, each cost counted once while running and once at
+#: the end (docs/orchestrator.md; orchestry.algorithms.orchestrator.step_rewards).
+OBJECTIVE_LABEL = "objective = reward − 2λ·cost"
 
 ORCHESTRATOR_LABELS = {
     "learned": "learned orchestrator",
@@ -305,7 +318,7 @@ def _orchestrator_section(summary: dict, src: Path) -> str:
                 "task reward": _ci_dict(s.get("task_reward") or s.get("reward")),
                 f"cost ({summary.get('cost_unit', 'tokens')})": _ci_dict(s.get("cost"), 0),
                 "tokens": _ci_dict(s.get("tokens"), 0),
-                "reward − λ·cost": _ci_dict(s.get("objective"), 3),
+                OBJECTIVE_LABEL: _ci_dict(s.get("objective"), 3),
                 "success rate": _ci_dict(s.get("success_rate")),
                 "turns": _num(s.get("length")),
                 "USD": _usd(s.get("usd")),
@@ -316,7 +329,7 @@ def _orchestrator_section(summary: dict, src: Path) -> str:
             "learned − fixed": ORCHESTRATOR_LABELS.get(name, name),
             "task reward": _ci_dict(d.get("reward")),
             "cost": _ci_dict(d.get("cost"), 0),
-            "reward − λ·cost": _ci_dict(d.get("objective"), 3),
+            OBJECTIVE_LABEL: _ci_dict(d.get("objective"), 3),
         }
         for name, d in (ev.get("learned_minus") or {}).items()
     ]
@@ -326,7 +339,9 @@ def _orchestrator_section(summary: dict, src: Path) -> str:
     return (
         f"<p>Test problems: {_num(ev.get('problems'))}; λ = {html.escape(str(summary.get('cost_lambda')))}; "
         + (f"{level:.0%} bootstrap intervals over problems." if isinstance(level, int | float) else "")
-        + "</p>"
+        + " The objective is the undiscounted return of the rewards the policy is trained on: each call's cost "
+        "is charged once when it is made (−λ·c) and the total once more at the end (r − λ·C), so r − 2λ·C "
+        "(<code>docs/orchestrator.md</code>).</p>"
         + _table(rows)
         + ("<h3>Paired differences</h3>" + _table(diffs) if diffs else "")
     )
@@ -396,19 +411,115 @@ def _cost_section(metrics: dict, reports: Path, train: dict, api: dict, orch: di
     )
 
 
-def _figures_section(figures: list[Path], out_dir: Path) -> str:
+def _figures_section(
+    figures: list[Path], out_dir: Path, figure_url: Callable[[str], str] | None = None
+) -> str:
+    """Every figure with its caption; ``figure_url(name)``, when given, links the figure logged in MLflow."""
     order = {name: i for i, name in enumerate(FIGURES)}
     figures = sorted(figures, key=lambda f: (order.get(f.name, len(order)), f.name))
     parts = []
     for f in figures:
         src = Path(os.path.relpath(f, out_dir)).as_posix()
         caption = FIGURES.get(f.name, f.stem.replace("_", " "))
+        logged = (
+            f' (<a class="mlflow" href="{html.escape(figure_url(f.name))}">in MLflow</a>)'
+            if figure_url
+            else ""
+        )
         parts.append(
             f'<figure id="fig-{html.escape(f.stem)}"><a href="{html.escape(src)}">'
             f'<img src="{html.escape(src)}" alt="{html.escape(caption)}"></a>'
-            f"<figcaption><b>{html.escape(f.name)}</b>: {html.escape(caption)}</figcaption></figure>"
+            f"<figcaption><b>{html.escape(f.name)}</b>: {html.escape(caption)}{logged}</figcaption></figure>"
         )
     return "".join(parts)
+
+
+# ---------------------------------------------------------------- provenance
+
+
+def provenance(root: Path = Path(".")) -> dict[str, Any]:
+    """Where a page built now comes from.
+
+    Returns:
+        ``date`` (UTC, ISO 8601 to the second), ``git_revision`` (a commit, ``+dirty`` when the work tree has
+        changes, or ``unknown``), ``params_hash`` (SHA-256 of ``root/params.yaml``), ``dvc_experiment`` (or None)
+        and ``mlflow``: None, or, inside an active MLflow run (a stage run of :func:`orchestry.tracking.stage_run`),
+        ``{"ui", "experiment_id", "run_id", "parent_id", "stages": {stage: run_id}}`` with the newest run of each
+        stage of the same pipeline execution (children of ``parent_id``). Inside a stage run, the git revision,
+        params hash and DVC experiment are the run's tags (what MLflow shows).
+    """
+    from orchestry import tracking
+
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "git_revision": tracking.git_revision(root),
+        "params_hash": tracking.params_hash(Path(root) / "params.yaml"),
+        "dvc_experiment": os.environ.get("DVC_EXP_NAME") or None,
+        "mlflow": None,
+    }
+    mlflow = sys.modules.get("mlflow")  # not imported: no run can be active
+    active = mlflow.active_run() if mlflow is not None else None
+    if active is None:
+        return info
+    client = mlflow.MlflowClient()
+    run = client.get_run(active.info.run_id)
+    tags = run.data.tags
+    for key in ("git_revision", "params_hash", "dvc_experiment"):
+        if tags.get(key):
+            info[key] = tags[key]
+    parent = tags.get("mlflow.parentRunId")
+    stages: dict[str, str] = {}
+    if parent:
+        children = client.search_runs(
+            [run.info.experiment_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{parent}'",
+            order_by=["attributes.start_time ASC"],
+            max_results=1000,
+        )
+        for child in children:  # oldest first: the newest run of a stage wins
+            if child.data.tags.get("stage"):
+                stages[child.data.tags["stage"]] = child.info.run_id
+    info["mlflow"] = {
+        "ui": tracking.ui_base(),
+        "experiment_id": run.info.experiment_id,
+        "run_id": run.info.run_id,
+        "parent_id": parent,
+        "stages": stages,
+    }
+    return info
+
+
+def _provenance_section(info: Mapping[str, Any]) -> str:
+    from orchestry.tracking import run_url
+
+    rows = [
+        {"": "made (UTC)", "value": info.get("date")},
+        {"": "git revision", "value": info.get("git_revision")},
+        {"": "params.yaml SHA-256", "value": info.get("params_hash")},
+        {"": "DVC experiment", "value": info.get("dvc_experiment") or "none (the workspace)"},
+    ]
+    table = _table(rows)
+    ml = info.get("mlflow")
+    if not ml:
+        return table + (
+            '<p class="note">No MLflow run links: the page was not built inside an MLflow run (the '
+            "<code>plot</code> stage builds it inside one).</p>"
+        )
+    eid, base = ml["experiment_id"], ml["ui"]
+
+    def link(run_id: str, text: str) -> str:
+        return f'<a class="mlflow" href="{html.escape(run_url(eid, run_id, base))}">{html.escape(text)}</a>'
+
+    items = []
+    if ml.get("parent_id"):
+        items.append(f"<li>{link(ml['parent_id'], 'pipeline execution (parent run)')}</li>")
+    for stage, run_id in ml.get("stages", {}).items():
+        items.append(f"<li>{link(run_id, stage)}</li>")
+    return table + (
+        f"<p>MLflow runs of this pipeline execution (open while <code>orchestry ui</code> serves {html.escape(base)}; "
+        "stages whose outputs came from the DVC cache ran in an earlier execution):</p>"
+        f"<ul>{''.join(items)}</ul>"
+    )
 
 
 def _sample_html(r: dict, title: str, css: str = "", scheme: str | None = None) -> str:
@@ -508,8 +619,12 @@ def _transcripts_section(reports: Path, records: dict[str, list[dict]]) -> str:
 # ---------------------------------------------------------------- the page
 
 
-def write_report(root: Path = Path("."), out: Path = Path("reports/index.html")) -> Path:
+def write_report(
+    root: Path = Path("."), out: Path = Path("reports/index.html"), source: Mapping[str, Any] | None = None
+) -> Path:
     """Write the HTML report of ``root/reports/`` to ``out`` (relative to ``root`` unless absolute).
+
+    ``source`` is the page's provenance (:func:`provenance`; by default that of ``root`` now).
 
     Returns the path written. Links to figures and data files are relative to ``out``'s folder, so ``out``
     belongs inside ``root/reports/`` (or a copy of it) for them to resolve.
@@ -545,12 +660,22 @@ def write_report(root: Path = Path("."), out: Path = Path("reports/index.html"))
         raise ReportError(f"no figure in {reports / 'figures'} (run the plot stage)")
     records = _records(reports)
 
+    source = provenance(root) if source is None else source
+    ml = source.get("mlflow") or {}
+    figure_url = None
+    if ml.get("run_id"):
+        from orchestry.tracking import run_url
+
+        def figure_url(name: str) -> str:
+            return run_url(ml["experiment_id"], ml["run_id"], ml["ui"]) + f"/artifacts/figures/{name}"
+
     header, rows = results_rows(metrics)
     shows = (
         _table([dict(zip(header, r, strict=True)) for r in rows])
         + f"<p>{html.escape(results_note(metrics))}</p>"
     )
     sections = [
+        ("provenance", "Where this page comes from", _provenance_section(source)),
         ("shows", "What this run shows: base, best baseline and trained pair on each test set", shows),
         ("metrics", "Methods on the test split", _metrics_section(metrics, src["metrics"])),
         ("magrpo", "MAGRPO: training gain", _magrpo_section(train, src["magrpo"])),
@@ -561,7 +686,7 @@ def write_report(root: Path = Path("."), out: Path = Path("reports/index.html"))
             _orchestrator_section(orch, src["orchestrator"]),
         ),
         ("cost", "Cost per method", _cost_section(metrics, reports, train, api, orch)),
-        ("figures", "Figures", _figures_section(figures, out.parent)),
+        ("figures", "Figures", _figures_section(figures, out.parent, figure_url)),
         ("schemes", "Cooperation schemes", _schemes_section(schemes, samples, records, src["schemes"])),
         ("transcripts", "Best and worst transcripts", _transcripts_section(reports, records)),
     ]
