@@ -8,6 +8,7 @@ against the local fake server of ``fake_llm_servers``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -24,7 +25,14 @@ from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.backends import AnthropicChat, ChatRequest
 from orchestry.llm.cache import CachedChat, ResponseCache
 from orchestry.llm.local import attach_adapters, chat_prompt, generate
-from orchestry.mlflow_models import BaseModelNotFound, log_samples_table, register_adapters, samples_table
+from orchestry.mlflow_models import (
+    ALIAS,
+    MODEL_DESCRIPTION,
+    BaseModelNotFound,
+    log_samples_table,
+    register_adapters,
+    samples_table,
+)
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, make_problem
 from orchestry.rewards.code import LevelReward
 from orchestry.tracking import stage_run
@@ -83,6 +91,14 @@ def test_registered_adapters_load_offline_in_a_fresh_process(store, trained, tmp
     mv = _register(store, adapters, base)
     assert (mv.name, str(mv.version)) == (NAME, "1")
     assert mv.tags["base_source"] == "local" and len(mv.tags["base_fingerprint"]) == 16
+    # what the registry shows: base model, task, params hash (the run's tag: no params.yaml here) and revision
+    empty = hashlib.sha256(b"").hexdigest()
+    assert mv.tags["params_hash"] == empty and mv.tags["git_revision"]
+    for part in ("Base model: local", mv.tags["base_fingerprint"], "Task: code_collaboration", empty):
+        assert part in mv.description, mv.description
+    client = mlflow.MlflowClient(store)
+    assert client.get_registered_model(NAME).description == MODEL_DESCRIPTION
+    assert str(client.get_model_version_by_alias(NAME, ALIAS).version) == "1"
 
     script = (
         "import json, sys, mlflow, pandas as pd\n"
@@ -109,6 +125,9 @@ def test_missing_base_is_a_clear_error_and_can_be_pointed_to_or_bundled(store, t
     helpers, mains = _greedy(model, tok, problems)
     _register(store, adapters, base)
     bundled = _register(store, adapters, base, include_base=True)
+    client = mlflow.MlflowClient(store)  # the alias moved to the newest version
+    assert str(client.get_model_version_by_alias(NAME, ALIAS).version) == str(bundled.version) == "2"
+    assert ALIAS not in client.get_model_version(NAME, "1").aliases
     moved = tmp_path / "moved_base"
     base.rename(moved)
     mlflow.set_tracking_uri(store)

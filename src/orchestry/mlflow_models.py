@@ -52,6 +52,14 @@ from orchestry.fingerprint import update_with_head_and_tail
 log = logging.getLogger("orchestry.mlflow_models")
 
 REGISTERED_NAME = "orchestry-magrpo"
+#: Alias of the newest registered version (``models:/orchestry-magrpo@newest``); MLflow reserves ``latest``.
+ALIAS = "newest"
+#: What the registered model is (its description in the Model Registry).
+MODEL_DESCRIPTION = (
+    "MAGRPO-trained LoRA adapters of the helper and main agents (code collaboration: helper writes aux, main "
+    "writes the entry point calling it) on one frozen base model; pyfunc predict(prompt) returns both agents' "
+    "completions. Each version's description names its base model, task, params.yaml hash and git revision."
+)
 AGENTS = ("helper", "main")
 #: columns of a per-sample table, in order (those a record lacks are left out); ``reward`` is the record's total
 TABLE_COLUMNS = (
@@ -235,6 +243,8 @@ def register_adapters(
     max_new_tokens: int = 96,
     include_base: bool = False,
     artifact_name: str = "magrpo_agents",
+    task: str = "code_collaboration (helper -> main)",
+    alias: str | None = ALIAS,
 ):
     """Log the MAGRPO adapters as a pyfunc model (:class:`MagrpoAgents`) in the active run and register it.
 
@@ -245,10 +255,14 @@ def register_adapters(
         dtype / load_in_4bit: how the base is loaded (``model`` params).
         max_new_tokens: default completion length of ``predict`` (``sampling.max_completion_length``).
         include_base: also store the base weights in the model (self-contained; 538 MB for the default model).
+        task: the task the adapters were trained on (in the version's description).
+        alias: set on the new version (moved from an older one); None sets none.
 
     Returns:
-        the ``mlflow.entities.model_registry.ModelVersion``, tagged with ``base_source`` and
-        ``base_fingerprint``.
+        the ``mlflow.entities.model_registry.ModelVersion``, tagged with ``base_source``, ``base_fingerprint``,
+        ``params_hash`` and ``git_revision`` (the active run's tags, else the working directory's
+        ``params.yaml`` hash and git revision), with a description naming the base model, the task, the params
+        hash and the git revision; the registered model gets :data:`MODEL_DESCRIPTION`.
 
     Raises:
         RuntimeError: no active MLflow run.
@@ -316,8 +330,34 @@ def register_adapters(
     shutil.rmtree(code.parent, ignore_errors=True)
     client = mlflow.MlflowClient()
     version = str(info.registered_model_version)
-    for key in ("base_source", "base_fingerprint"):
-        client.set_model_version_tag(name, version, key, config[key])
+    run_tags = client.get_run(mlflow.active_run().info.run_id).data.tags
+    from orchestry.tracking import git_revision, params_hash
+
+    origin = {
+        "params_hash": run_tags.get("params_hash") or params_hash(),
+        "git_revision": run_tags.get("git_revision") or git_revision(),
+    }
+    for key, value in {
+        "base_source": config["base_source"],
+        "base_fingerprint": fingerprint,
+        **origin,
+    }.items():
+        client.set_model_version_tag(name, version, key, value)
+    experiment = run_tags.get("dvc_experiment")
+    client.update_model_version(
+        name,
+        version,
+        description=(
+            f"Base model: {config['base_source']} ({base}, fingerprint {fingerprint[:16]}). Task: {task}. "
+            f"params.yaml SHA-256: {origin['params_hash']}. Git revision: {origin['git_revision']}"
+            + (f". DVC experiment: {experiment}" if experiment else "")
+            + "."
+        ),
+    )
+    if client.get_registered_model(name).description != MODEL_DESCRIPTION:
+        client.update_registered_model(name, description=MODEL_DESCRIPTION)
+    if alias:
+        client.set_registered_model_alias(name, alias, version)
     log.info("registered %s version %s (base %s, %s)", name, version, config["base_source"], fingerprint)
     return client.get_model_version(name, version)
 
