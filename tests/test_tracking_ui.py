@@ -72,6 +72,11 @@ def test_every_run_carries_the_columns_a_user_filters_by(store, monkeypatch):
         assert r.data.tags["git_revision"] and len(r.data.tags["params_hash"]) == 64
     assert run.data.tags["stage"] == "evaluate" and "stage" not in parent.data.tags
     assert parent.info.run_name == "exp-a"
+    # the next stage of the execution finds the same parent (not the first stage run, which has the key too)
+    with stage_run("plot", {}, "orchestry", uri=store) as plot:
+        pass
+    assert client.get_run(plot.info.run_id).data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert "mlflow.parentRunId" not in parent.data.tags
     # the runs table's view: those tags, then the key metrics, newest first
     view = json.loads(client.get_experiment(exp_id).tags[VIEW_TAG])
     assert view["selectedColumns"][: len(VIEW_TAGS)] == [f"tags.`{t}`" for t in VIEW_TAGS]

@@ -155,10 +155,15 @@ def parent_run_id(experiment_id: str, execution: Mapping[str, str]) -> str:
     lock_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(lock_dir / "mlflow_parent.lock"), timeout=120):
         found = client.search_runs(
-            [experiment_id], filter_string=f"tags.pipeline_execution = '{key}'", max_results=1
+            [experiment_id],
+            filter_string=f"tags.pipeline_execution = '{key}'",
+            order_by=["attributes.start_time ASC"],
+            max_results=1000,
         )
-        if found:
-            return found[0].info.run_id
+        # stage runs carry the key too: the parent is the run without a parent
+        parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+        if parents:
+            return parents[0].info.run_id
         exp_name = execution.get("dvc_experiment")
         # a plain `dvc repro` is "workspace", as in `orchestry compare`
         name = exp_name or f"workspace {execution['git_revision'][:8]} {execution['params_hash'][:8]}"
