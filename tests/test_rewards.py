@@ -102,8 +102,14 @@ def has_reason(reward: LevelReward, *parts: str) -> bool:
         ("def aux(x):\n    return x\n```\nExplanation after the fence end.", "def aux(x):\n    return x\n"),
         ("```python\ndef aux(x):\n    return x", "def aux(x):\n    return x\n"),  # truncated answer
         # cut in a second function: the finished one is kept, the unfinished tail dropped
-        ("```python\ndef f(xs):\n    return xs\n\n# again\ndef f(xs):\n    return sum(x", "def f(xs):\n    return xs\n\n# again\n"),
-        ("```python\ndef f(xs):\n    return sum(x", "def f(xs):\n    return sum(x\n"),  # nothing finished: kept as is
+        (
+            "```python\ndef f(xs):\n    return xs\n\n# again\ndef f(xs):\n    return sum(x",
+            "def f(xs):\n    return xs\n\n# again\n",
+        ),
+        (
+            "```python\ndef f(xs):\n    return sum(x",
+            "def f(xs):\n    return sum(x\n",
+        ),  # nothing finished: kept as is
         ("```python\nimport math\nprint(math.pi", "import math\n"),
         ("def aux(x):\n    return x\n", "def aux(x):\n    return x\n"),
         ("  ```python\n  def aux(x):\n      return x\n  ```", "def aux(x):\n    return x\n"),

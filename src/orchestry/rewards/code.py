@@ -629,7 +629,9 @@ def _score(
             continue
         if config.format_needs_a_pass and st.reward.passed == 0:
             st.reward.format_paid = False
-            st.reward.reasons.append("format: structure and syntax points are paid only with a passing assert")
+            st.reward.reasons.append(
+                "format: structure and syntax points are paid only with a passing assert"
+            )
         elif truncated is not None and truncated[k] and not config.cut_pays_format:
             st.reward.format_paid = False
             st.reward.reasons.append("format: a cut answer earns no structure and syntax points")
