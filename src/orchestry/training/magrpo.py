@@ -42,8 +42,8 @@ from pathlib import Path
 
 import torch
 
-from orchestry.algorithms.magrpo import group_advantages, k3_kl, policy_loss
-from orchestry.algorithms.reinforce_pp import reinforce_pp_advantages
+from orchestry.algorithms.magrpo import group_advantages, k3_kl, micro_batch_loss
+from orchestry.algorithms.reinforce_pp import reinforce_pp_advantages, token_policy_loss
 from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.local import (
     Generation,
@@ -748,7 +748,8 @@ class MAGRPOTrainer:
         weighted by its ``weight``; with beta = 0 the group estimators skip rows with zero advantage.
 
         Group estimators (``advantage``: mean, mean_std, rloo, max, raw): the MAGRPO loss
-        (:func:`orchestry.algorithms.magrpo.policy_loss`) on each agent's advantages, from its own rewards
+        (:func:`orchestry.algorithms.magrpo.policy_loss`, back-propagated one
+        :func:`~orchestry.algorithms.magrpo.micro_batch_loss` at a time) on each agent's advantages, from its own rewards
         (:meth:`Rollout.reward_of`: the joint reward unless per-agent credit or the coach is on). With
         ``dynamic_sampling`` skip or resample, the flat groups (:func:`flat_groups`) are left out of the loss
         (their rows, KL terms included, and their share of the mean over problems): the update is the one the
@@ -848,23 +849,10 @@ class MAGRPOTrainer:
                     with torch.no_grad(), self.model.disable_adapter():
                         _, ref_lp, _ = completion_logprobs(self.model, seqs, mask, width)
                     kl = k3_kl(tok_lp, ref_lp, tmask)
-            # loss over the full [N, G] grid: rows outside this micro-batch (or skipped, A = 0) add nothing
+            # the loss over the full [N, G] grid: rows outside this micro-batch (or skipped, A = 0) add nothing
             dev = seq_lp.device
-            idx = torch.tensor(chunk, device=dev)
-            full = torch.zeros(len(rows), device=dev).index_put((idx,), seq_lp.float())
-            kl_full = None
-            if kl is not None:
-                kl_full = torch.zeros(len(rows), device=dev).index_put((idx,), kl.float()).view_as(adv)
-            if groups is None:
-                loss = policy_loss(full.view_as(adv), adv.to(dev), kl_full, self.cfg.beta)
-            else:
-                g_idx = torch.tensor(groups, device=dev)
-                loss = policy_loss(
-                    full.view_as(adv)[g_idx],
-                    adv.to(dev)[g_idx],
-                    kl_full[g_idx] if kl_full is not None else None,
-                    self.cfg.beta,
-                )
+            g_idx = None if groups is None else torch.tensor(groups, device=dev)
+            loss = micro_batch_loss(seq_lp, torch.tensor(chunk, device=dev), adv, kl, self.cfg.beta, g_idx)
             loss = loss * ro.weight
             loss.backward()
             loss_value += float(loss.detach())
@@ -904,7 +892,7 @@ class MAGRPOTrainer:
             with bf16_autocast(self.model, self.bf16):
                 _, tok_lp, tmask = completion_logprobs(self.model, seqs, mask, width)
             a = adv[at, : tok_lp.shape[1]].to(tok_lp.device)
-            loss = -(a * tok_lp.float() * tmask.float()).sum() / n_tokens * ro.weight
+            loss = token_policy_loss(a, tok_lp, tmask, n_tokens) * ro.weight
             loss.backward()
             loss_value += float(loss.detach())
         return loss_value, len(keep), float((adv.abs() * cmask).sum() / n_tokens)
