@@ -51,14 +51,8 @@ _COORDINATOR_SIGNALS = frozenset({"loop", "passed"})
 
 
 def aux_call_info(main_code: str, entry_point: str | None = None, aux_name: str = "aux") -> AuxCallInfo:
-    """How the entry point of ``main_code`` uses the helper ``aux_name``
-    (:func:`orchestry.code_ast.aux_uses`), with its cooperation scheme (see the module docstring).
-
-    Args:
-        main_code: main's code (already extracted from the model's answer), one module.
-        entry_point: the problem's function name; ``None`` takes the last top-level function not named
-            ``aux_name``.
-        aux_name: the helper's function name.
+    """How the entry point of ``main_code`` uses the helper ``aux_name`` (:func:`orchestry.code_ast.aux_uses`,
+    the same arguments), with its cooperation scheme (see the module docstring).
 
     Returns:
         An :class:`~orchestry.code_ast.AuxCallInfo`; never raises (unparsable or pathological code gives
