@@ -189,7 +189,8 @@ def evaluate_workflow(
         model: a peft model with adapters ``writer``, ``tester``, ``fixer``.
     """
     from orchestry.metrics import summarize
-    from orchestry.training.magrpo import BASE, WORKFLOW_AGENTS, workflow_rollout
+    from orchestry.training.common import BASE, WORKFLOW_AGENTS
+    from orchestry.training.workflows import workflow_rollout
 
     agents = WORKFLOW_AGENTS["writer_tester_fixer"]
     ks = sorted({1, num_samples})

@@ -10,6 +10,10 @@ joint action g, which receives one joint reward R_g. Then
 Every agent gets the same joint advantage; gradients flow only through its own log-probs. With several
 problems in one update, the per-problem losses are averaged. Optional: a KL penalty to the reference policy
 (k3 estimator, per token, weight beta) and other advantage modes of later CoMLRL versions.
+
+The trainer never holds the whole batch's graph: it back-propagates :func:`micro_batch_loss` (one micro-batch's
+rows written on the ``[N, G]`` grid of :func:`policy_loss`, the other rows 0) once per micro-batch, and skips the
+rows with a zero advantage when beta = 0; the shares sum to :func:`policy_loss` (``tests/test_magrpo_loss.py``).
 """
 
 from __future__ import annotations
@@ -77,6 +81,50 @@ def policy_loss(
     if beta and token_kl is not None:
         loss = loss + beta * token_kl.mean()
     return loss
+
+
+def micro_batch_loss(
+    seq_logprobs: torch.Tensor,
+    rows: torch.Tensor,
+    advantages: torch.Tensor,
+    token_kl: torch.Tensor | None = None,
+    beta: float = 0.0,
+    groups: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One micro-batch's share of :func:`policy_loss`: the loss the trainer back-propagates for K of the N*G rows.
+
+    The rows' log-probs are written on the ``[N, G]`` grid, every other row's log-prob and KL as 0, and the grid
+    goes through :func:`policy_loss`. Row (n, g) of the micro-batch thus adds
+
+        -A_{n,g} * logp_{n,g} / (G * N')  +  beta * KL_{n,g} / (G * N')
+
+    (N' = N, or the number of ``groups``), so over micro-batches that partition the rows the shares sum to
+    :func:`policy_loss` of the whole batch (up to float summation order), and a row with A = 0 and no KL term
+    adds nothing: the trainer skips such rows (beta = 0) and never computes their log-probs.
+
+    Args:
+        seq_logprobs: ``[K]`` the micro-batch rows' sums of completion-token log-probs (with grad).
+        rows: ``[K]`` long, each row's flat index ``n * G + g`` in the grid.
+        advantages: ``[N, G]`` the agent's advantages.
+        token_kl: optional ``[K]`` the rows' per-completion KL sums (:func:`k3_kl`).
+        beta: KL weight.
+        groups: optional ``[N']`` long: the groups the loss averages over (dynamic sampling leaves the flat
+            ones out); None: all N.
+
+    Returns:
+        scalar loss.
+    """
+    dev = seq_logprobs.device
+    adv = advantages.to(dev)
+    full = torch.zeros(adv.numel(), device=dev).index_put((rows,), seq_logprobs.float())
+    kl_full = None
+    if token_kl is not None:
+        kl_full = torch.zeros(adv.numel(), device=dev).index_put((rows,), token_kl.float()).view_as(adv)
+    if groups is None:
+        return policy_loss(full.view_as(adv), adv, kl_full, beta)
+    return policy_loss(
+        full.view_as(adv)[groups], adv[groups], kl_full[groups] if kl_full is not None else None, beta
+    )
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

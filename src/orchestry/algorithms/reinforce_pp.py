@@ -134,6 +134,24 @@ def reinforce_pp_advantages(
         return masked_whiten(returns, m) if whiten else returns
 
 
+def token_policy_loss(
+    advantages: torch.Tensor, token_logprobs: torch.Tensor, mask: torch.Tensor, n_tokens: float
+) -> torch.Tensor:
+    """REINFORCE++ loss of a micro-batch: ``-sum_t A_t * log pi(y_t | x, y_<t) / n_tokens`` over its valid tokens.
+
+    Args:
+        advantages: ``[K, T]`` per-token advantages (:func:`reinforce_pp_advantages`; no grad).
+        token_logprobs: ``[K, T]`` log-probs of the sampled tokens (with grad).
+        mask: ``[K, T]`` 1 on completion tokens.
+        n_tokens: valid tokens of ALL the agent's rows of the rollout, so that the micro-batches' losses sum to
+            the token mean over the whole rollout.
+
+    Returns:
+        scalar loss.
+    """
+    return -(advantages * token_logprobs.float() * mask.float()).sum() / n_tokens
+
+
 def estimate_advantages(name: str, rewards: torch.Tensor, **kwargs) -> torch.Tensor:
     """One entry point for the advantage estimators selectable in params.
 

@@ -14,9 +14,10 @@ import ast
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from orchestry.code_ast import safe_parse, top_level_function
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
 from orchestry.rewards.code import RewardConfig, extract_code, level_rewards
-from orchestry.schemes import SCHEMES, aux_call_info, detect_scheme, safe_parse, top_level_function
+from orchestry.schemes import SCHEMES, aux_call_info, detect_scheme
 from orchestry.tasks.common import Turn, answer_features, answer_guides
 
 if TYPE_CHECKING:

@@ -14,9 +14,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from orchestry.code_ast import safe_parse, top_level_function
 from orchestry.problems import SINGLE_SYSTEM, Problem
 from orchestry.rewards.code import RewardConfig, extract_code, single_rewards
-from orchestry.schemes import safe_parse, top_level_function
 from orchestry.tasks.common import Turn, answer_features, answer_guides, with_guidelines
 
 if TYPE_CHECKING:

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from orchestry.code_ast import safe_parse
 from orchestry.problems import Problem
 from orchestry.rewards.code import extract_code
-from orchestry.schemes import safe_parse
 
 if TYPE_CHECKING:
     from orchestry.sandbox import Sandbox
