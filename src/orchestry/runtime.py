@@ -62,6 +62,24 @@ def open_sandbox(params: Params):
     )
 
 
+def cpu_threads() -> int:
+    """Threads for torch on the CPU: ``OMP_NUM_THREADS`` when set (a positive integer), else the cores this
+    process may run on (``os.sched_getaffinity``: a ``taskset`` or container CPU set is respected).
+
+    Two processes sharing cores with one thread each run far faster than two that each spread over every core
+    (their threads wait on each other at every operation), so a user running stages side by side sets
+    ``OMP_NUM_THREADS=1``. The thread count can change float reductions, hence sampled tokens: the thread count
+    is part of what a run's numbers depend on.
+    """
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity API (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
 def load_policy(
     params: Params, with_adapters: str | None = None, agents: tuple[str, ...] = ("helper", "main")
 ):
@@ -78,7 +96,7 @@ def load_policy(
 
     from orchestry.llm.local import load_model
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(cpu_threads())
     model, tok = load_model(params.model.path, params.model.dtype, params.model.load_in_4bit)
     if with_adapters:
         from peft import PeftModel
