@@ -60,6 +60,8 @@ from orchestry.rewards.judge import Judge, judge_agreement, judge_prompt
 from orchestry.tasks.code_collaboration import CodeCollaboration
 from orchestry.tasks.code_review import CodeReview
 from orchestry.tasks.common import Task, Turn
+from orchestry.tasks.documentation import Documentation
+from orchestry.tasks.story import Story
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoParams, SamplingParams
@@ -186,6 +188,10 @@ def make_task(cfg: ApiGrpoParams) -> Task:
     """The task named in ``api_grpo.task``."""
     if cfg.task == "code_review":
         return CodeReview()
+    if cfg.task == "story":
+        return Story(cfg.story)
+    if cfg.task == "documentation":
+        return Documentation(cfg.documentation)
     return CodeCollaboration(main_sees_helper=cfg.main_sees_helper)
 
 
@@ -230,10 +236,15 @@ class ApiGrpoRun:
         progress: bool = True,
         overrides: Mapping[str, Override] | None = None,
     ):
-        if not train_problems:
-            raise ValueError("api_grpo needs at least one train problem (data/problems/train.jsonl is empty)")
         self.cfg, self.c, self.sandbox = cfg, clients, sandbox
         self.task = make_task(cfg)
+        if hasattr(
+            self.task, "items"
+        ):  # tasks with their own items (story specs) or a subset (documentation)
+            train_problems, test_problems = self.task.items(train_problems, test_problems)
+        if not train_problems:
+            raise ValueError("api_grpo needs at least one train problem (data/problems/train.jsonl is empty)")
+        self.parts: tuple[str, ...] = tuple(getattr(self.task, "reward_parts", ()))
         self.out = Path(out_dir)
         self.on_metrics = on_metrics or (lambda m, s: None)
         self.confidence, self.n_boot = confidence, n_boot
@@ -321,9 +332,11 @@ class ApiGrpoRun:
             rewards = task.score(probs, [t.turns for _, t in items], self.sandbox)
             judged = [None] * len(items)
             if use_judge and self.judge is not None and (final or self.cfg.judge.on_partial):
+                line = getattr(task, "result_line", _result_line)
+                criteria = getattr(task, "judge_criteria", None)
                 prompts = [
                     judge_prompt(
-                        p.prompt, [(x.role, x.text, x.completion_tokens) for x in t.turns], _result_line(r)
+                        p.prompt, [(x.role, x.text, x.completion_tokens) for x in t.turns], line(r), criteria
                     )
                     for p, (_, t), r in zip(probs, items, rewards, strict=True)
                 ]
@@ -515,6 +528,7 @@ class ApiGrpoRun:
         snap = self.c.tracker.snapshot()
         self.on_metrics(
             {
+                **{f"train/part/{k}": float(sel["reward"].get(k, 0.0)) for k in self.parts},
                 "train/selected_reward": sel["reward"].get("total", 0.0),
                 "train/selected_value": sel["value"],
                 "train/group_mean_value": sum(group) / len(group),
@@ -571,10 +585,14 @@ class ApiGrpoRun:
         finally:
             bar.close()
         rewards: dict[str, list[float]] = {"with": [], "without": []}
+        parts: dict[str, dict[str, list[float]]] = {k: {"with": [], "without": []} for k in self.parts}
         for ep, p, arm, beh, res in zip(ids, problems, arms, behaviors, results, strict=True):
             rec = self._record("eval", arm, ep, p, res, self.behaviors_version if arm == "with" else 0, beh)
             self.episodes.append(rec)
-            rewards[arm].append(rec["trajectories"][res.selected]["reward"].get("total", 0.0))
+            sel = rec["trajectories"][res.selected]["reward"]
+            rewards[arm].append(sel.get("total", 0.0))
+            for k in self.parts:
+                parts[k][arm].append(float(sel.get(k, 0.0)))
         self.eval_summary = compare_arms(
             rewards["with"], rewards["without"], self.confidence, seed=self.cfg.seed, n_boot=self.n_boot
         )
@@ -585,6 +603,13 @@ class ApiGrpoRun:
             behaviors_learned=bool(self.behaviors),
             max_reward=self.task.max_reward,
         )
+        if self.parts:  # each reward part (unweighted, 0-1) with vs without, same intervals
+            self.eval_summary["parts"] = {
+                k: compare_arms(
+                    v["with"], v["without"], self.confidence, seed=self.cfg.seed, n_boot=self.n_boot
+                )
+                for k, v in parts.items()
+            }
         self.seconds["eval"] = time.time() - t0
 
     # ---- outputs ----------------------------------------------------------------------------------------------
@@ -610,6 +635,7 @@ class ApiGrpoRun:
                         "episode_tokens": rec["cost"]["tokens"], "cum_usd": cum_usd, "cum_tokens": cum_tok,
                         "id": t["id"], "overridden": int("override" in r),
                         "automatic_reward": r.get("automatic_total", r.get("total", 0.0)),
+                        **{f"part_{k}": r.get(k, 0.0) for k in self.parts},
                     }
                 )  # fmt: skip
         return out
@@ -642,6 +668,18 @@ class ApiGrpoRun:
                 "mean_selected_reward": self._mean_selected("train"),
                 "mean_group_value": sum(groups) / len(groups) if groups else float("nan"),
                 "trajectories": len(groups),
+                **(
+                    {
+                        "mean_selected_parts": {
+                            k: _mean(
+                                [r["trajectories"][r["selected"]]["reward"].get(k, 0.0) for r in train_eps]
+                            )
+                            for k in self.parts
+                        }
+                    }
+                    if self.parts
+                    else {}
+                ),
             },
             "eval": self.eval_summary,
             "behaviors": {"version": self.behaviors_version, "final": self.behaviors},
@@ -710,7 +748,7 @@ class ApiGrpoRun:
         atomic("episodes.jsonl", lambda f: f.writelines(json.dumps(r) + "\n" for r in self.episodes))
 
         def write_csv(f) -> None:
-            w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+            w = csv.DictWriter(f, fieldnames=CSV_FIELDS + [f"part_{k}" for k in self.parts])
             w.writeheader()
             w.writerows(self.rows())
 
@@ -732,6 +770,10 @@ class ApiGrpoRun:
         self.train()
         self.evaluate()
         return self.write_outputs()
+
+
+def _mean(vals: Sequence[float]) -> float:
+    return sum(vals) / len(vals) if vals else float("nan")
 
 
 def compare_arms(
