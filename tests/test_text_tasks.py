@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 from fake_llm_servers import FakeAnthropic
@@ -303,3 +304,34 @@ def test_story_run_through_the_anthropic_sdk_learns_from_checked_rewards(tmp_pat
     assert "editor" in lib["behaviors"], lib["updates"]
     assert "title line" in lib["behaviors"]["editor"] or "story only" in lib["behaviors"]["editor"]
     assert set(summary["eval"]["parts"]) == {"length", "words", "pov", "title"}
+
+
+@pytest.mark.slow
+def test_text_tasks_offline_with_the_embedded_model(tmp_path) -> None:
+    """The one integration test with SmolLM2 (models/base): one episode of each text task, every part reported."""
+    import torch
+
+    from orchestry.problems import read_problems
+
+    root = Path(__file__).resolve().parents[1]
+    if (
+        not (root / "models/base/model.safetensors").exists()
+        or not (root / "data/problems/test.jsonl").exists()
+    ):
+        pytest.skip("models/base or data/problems not prepared")
+    train = read_problems(root / "data/problems/train.jsonl")
+    test = read_problems(root / "data/problems/test.jsonl")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for name, parts in (("story", Story.reward_parts), ("documentation", Documentation.reward_parts)):
+            cfg = ApiGrpoParams(task=name, num_episodes=1, behavior_every=1, k_samples=1, beam_width=1,
+                                max_tokens=48, max_problems_eval=1, cache_path=str(tmp_path / "c.sqlite"),
+                                story={"train_prompts": 1, "test_prompts": 1})  # fmt: skip
+            summary = run_api_grpo(cfg, SamplingParams(), train, test, lambda: Sandbox(max_workers=1),
+                                   tmp_path / name, model_path=str(root / "models/base"), progress=False)  # fmt: skip
+            assert summary["task"] == name and summary["episodes_completed"] == 1
+            assert summary["cost"]["usd"] == 0 and summary["cost"]["tokens"] > 0
+            assert summary["eval"]["status"] == "done" and set(summary["eval"]["parts"]) == set(parts)
+    finally:
+        torch.set_num_threads(threads)

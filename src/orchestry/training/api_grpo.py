@@ -238,9 +238,8 @@ class ApiGrpoRun:
     ):
         self.cfg, self.c, self.sandbox = cfg, clients, sandbox
         self.task = make_task(cfg)
-        if hasattr(
-            self.task, "items"
-        ):  # tasks with their own items (story specs) or a subset (documentation)
+        # tasks with their own items (the story specs) or a subset of the problems (documentation)
+        if hasattr(self.task, "items"):
             train_problems, test_problems = self.task.items(train_problems, test_problems)
         if not train_problems:
             raise ValueError("api_grpo needs at least one train problem (data/problems/train.jsonl is empty)")
