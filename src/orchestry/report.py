@@ -295,6 +295,16 @@ def _api_grpo_section(summary: dict, src: Path) -> str:
             ("difference", "difference (with − without)"),
         )
     ]
+    part_rows = [
+        {
+            "reward part (0–1)": name,
+            "with learned behaviours": _ci_dict(v.get("with")),
+            "without behaviours": _ci_dict(v.get("without")),
+            "difference (with − without)": _ci_dict(v.get("difference")),
+        }
+        for name, v in (ev.get("parts") or {}).items()
+        if isinstance(v, dict)
+    ]
     behaviours = summary.get("behaviors", {}).get("final") or {}
     parts = "".join(f"<p><b>{html.escape(agent)}</b></p>{_code(text)}" for agent, text in behaviours.items())
     level = ev.get("confidence")
@@ -327,6 +337,7 @@ def _api_grpo_section(summary: dict, src: Path) -> str:
         + (f", {level:.0%} bootstrap intervals over problems" if isinstance(level, int | float) else "")
         + ".</p>"
         + _table(rows)
+        + ("<h3>Each reward part, test problems</h3>" + _table(part_rows) if part_rows else "")
         + ("<h3>Learned behaviours (injected into the prompts)</h3>" + parts if parts else "")
         + overridden
     )
