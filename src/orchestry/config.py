@@ -380,12 +380,34 @@ class ApiGrpoDocumentationParams(_Section):
         return self
 
 
+class ApiGrpoResearchParams(_Section):
+    """``api_grpo.task: research_synthesis`` (researchers -> synthesiser): bundles and the checks' weights."""
+
+    bundles_path: Name = Field(
+        "data/tasks/research_bundles.jsonl", description="question + 3-5 passages per line (repo-relative)"
+    )
+    test_bundles: int = Field(6, ge=1, le=10_000, description="the last bundles, kept for the evaluation")
+    max_words: int = Field(120, ge=1, le=10_000, description="longest allowed answer (words)")
+    cited_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of claims citing a passage")
+    valid_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of citations that exist")
+    coverage_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of passages cited")
+    length_weight: float = Field(0.5, ge=0, le=1e3, description="reward for 1..max_words words")
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ApiGrpoResearchParams:
+        if self.cited_weight + self.valid_weight + self.coverage_weight + self.length_weight <= 0:
+            raise ValueError("at least one weight must be > 0")
+        return self
+
+
 class ApiGrpoParams(_Section):
     backend: Literal["local", "anthropic", "openai_compatible"] = "local"
     model: str | None = Field(None, description="API model id; local: a model folder (None: model.path)")
     base_url: str | None = Field(None, description="server URL (required for openai_compatible, e.g. .../v1)")
     api_key_env: str | None = Field(None, description="env var with the key (None: ANTHROPIC_API_KEY / none)")
-    task: Literal["code_collaboration", "code_review", "story", "documentation"] = "code_collaboration"
+    task: Literal["code_collaboration", "code_review", "story", "documentation", "research_synthesis"] = (
+        "code_collaboration"
+    )
     k_samples: int = Field(2, ge=1, le=64, description="k: sampled responses per beam trajectory per turn")
     beam_width: int = Field(2, ge=1, le=64, description="N: trajectories kept after each turn")
     num_episodes: int = Field(
@@ -404,6 +426,7 @@ class ApiGrpoParams(_Section):
     judge: ApiGrpoJudgeParams = ApiGrpoJudgeParams()
     story: ApiGrpoStoryParams = ApiGrpoStoryParams()
     documentation: ApiGrpoDocumentationParams = ApiGrpoDocumentationParams()
+    research: ApiGrpoResearchParams = ApiGrpoResearchParams()
     budget_usd: float | None = Field(1.0, ge=0, le=1e6, description="hard spending cap (None: no cap)")
     eval_budget_fraction: float = Field(
         0.3, ge=0, lt=1, description="share of the budget kept for the test eval"

@@ -61,6 +61,7 @@ from orchestry.tasks.code_collaboration import CodeCollaboration
 from orchestry.tasks.code_review import CodeReview
 from orchestry.tasks.common import Task, Turn
 from orchestry.tasks.documentation import Documentation
+from orchestry.tasks.research_synthesis import ResearchSynthesis
 from orchestry.tasks.story import Story
 
 if TYPE_CHECKING:
@@ -192,6 +193,8 @@ def make_task(cfg: ApiGrpoParams) -> Task:
         return Story(cfg.story)
     if cfg.task == "documentation":
         return Documentation(cfg.documentation)
+    if cfg.task == "research_synthesis":
+        return ResearchSynthesis(cfg.research, root=resolve_path("."))
     return CodeCollaboration(main_sees_helper=cfg.main_sees_helper)
 
 
