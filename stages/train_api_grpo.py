@@ -1,7 +1,8 @@
 """Stage `train_api_grpo`: beam search + behaviour library for API-only models (offline by default).
 
-Reads ``params.yaml`` (sections ``api_grpo``, ``sampling``, ``model``, ``sandbox``, ``intervals``), checks the backend
-(key, price, server) before any work, runs :func:`orchestry.training.api_grpo.run_api_grpo` and logs the
+Reads ``params.yaml`` (sections ``api_grpo``, ``sampling``, ``model``, ``sandbox``, ``intervals``) and the human
+scores of ``data/overrides.jsonl`` (:mod:`orchestry.overrides`), checks the backend (key, price, server) before
+any work, runs :func:`orchestry.training.api_grpo.run_api_grpo` and logs the
 per-episode and total metrics, cost and the outputs under ``reports/api_grpo/`` to MLflow.
 """
 
@@ -12,6 +13,7 @@ import mlflow
 
 from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
+from orchestry.overrides import OverrideError, read_overrides
 from orchestry.problems import read_problems
 from orchestry.runtime import open_sandbox, start_stage
 from orchestry.tracking import log_metrics, stage_run
@@ -35,6 +37,10 @@ def main() -> None:
     cfg = params.api_grpo
     train = read_problems("data/problems/train.jsonl")
     test = read_problems("data/problems/test.jsonl")
+    try:  # human scores (orchestry override / orchestry review); a missing file is none
+        overrides = read_overrides("data/overrides.jsonl")
+    except OverrideError as e:
+        sys.exit(f"error: {e}")
     try:  # key, price and server are checked here, before the MLflow run, the model or the sandbox
         clients = open_clients(cfg, params.sampling, params.model.path, params.model.dtype)
     except (BackendConfigError, PriceError) as e:
@@ -52,6 +58,7 @@ def main() -> None:
             clients=clients,
             confidence=params.intervals.confidence,
             n_boot=params.intervals.resamples,
+            overrides=overrides,
         )
         total = {
             f"summary/{k}": v for k, v in _flat_numbers(summary).items() if not k.startswith("cost/by_tag")
@@ -71,6 +78,7 @@ def main() -> None:
         "usd": summary["cost"]["usd_total"],
         "tokens": summary["cost"]["tokens_total"],
         "budget": summary["budget"]["status"],
+        "overrides_applied": summary["overrides"]["applied"],
     }
     print(json.dumps(brief, default=str))
 

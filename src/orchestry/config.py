@@ -339,12 +339,75 @@ class ApiGrpoJudgeParams(_Section):
     max_tokens: int = Field(64, ge=8, le=4096)
 
 
+class ApiGrpoStoryParams(_Section):
+    """``api_grpo.task: story`` (writer -> editor): generated story specs and the checkable reward's weights."""
+
+    train_prompts: int = Field(16, ge=1, le=10_000, description="story specs for training episodes")
+    test_prompts: int = Field(8, ge=1, le=10_000, description="story specs of the with/without evaluation")
+    min_words: int = Field(30, ge=1, le=10_000, description="shortest allowed story (words, title excluded)")
+    max_words: int = Field(80, ge=1, le=10_000, description="longest allowed story (words, title excluded)")
+    required_words: int = Field(2, ge=0, le=10, description="words every story must use")
+    length_weight: float = Field(1.0, ge=0, le=1e3, description="reward for a length in the range")
+    words_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of required words used")
+    pov_weight: float = Field(1.0, ge=0, le=1e3, description="reward for the requested point of view")
+    title_weight: float = Field(1.0, ge=0, le=1e3, description="reward for a <<title>> line")
+    seed: Seed = Field(0, description="which specs are generated (topics, words, point of view)")
+
+    @model_validator(mode="after")
+    def _range(self) -> ApiGrpoStoryParams:
+        if self.min_words > self.max_words:
+            raise ValueError(f"min_words ({self.min_words}) > max_words ({self.max_words})")
+        if self.length_weight + self.words_weight + self.pov_weight + self.title_weight <= 0:
+            raise ValueError("at least one weight must be > 0")
+        return self
+
+
+class ApiGrpoDocumentationParams(_Section):
+    """``api_grpo.task: documentation`` (writer -> reviewer -> editor): the checkable reward's weights."""
+
+    doctests_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of passing doctests")
+    params_weight: float = Field(0.5, ge=0, le=1e3, description="times the share of parameters described")
+    returns_weight: float = Field(0.25, ge=0, le=1e3, description="reward for describing the return value")
+    unchanged_weight: float = Field(0.25, ge=0, le=1e3, description="reward for leaving the code unchanged")
+    require_unchanged: bool = Field(
+        True, description="a changed function (AST) scores 0 on every part: its docs describe other code"
+    )
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ApiGrpoDocumentationParams:
+        if self.doctests_weight + self.params_weight + self.returns_weight + self.unchanged_weight <= 0:
+            raise ValueError("at least one weight must be > 0")
+        return self
+
+
+class ApiGrpoResearchParams(_Section):
+    """``api_grpo.task: research_synthesis`` (researchers -> synthesiser): bundles and the checks' weights."""
+
+    bundles_path: Name = Field(
+        "data/tasks/research_bundles.jsonl", description="question + 3-5 passages per line (repo-relative)"
+    )
+    test_bundles: int = Field(6, ge=1, le=10_000, description="the last bundles, kept for the evaluation")
+    max_words: int = Field(120, ge=1, le=10_000, description="longest allowed answer (words)")
+    cited_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of claims citing a passage")
+    valid_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of citations that exist")
+    coverage_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of passages cited")
+    length_weight: float = Field(0.5, ge=0, le=1e3, description="reward for 1..max_words words")
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ApiGrpoResearchParams:
+        if self.cited_weight + self.valid_weight + self.coverage_weight + self.length_weight <= 0:
+            raise ValueError("at least one weight must be > 0")
+        return self
+
+
 class ApiGrpoParams(_Section):
     backend: Literal["local", "anthropic", "openai_compatible"] = "local"
     model: str | None = Field(None, description="API model id; local: a model folder (None: model.path)")
     base_url: str | None = Field(None, description="server URL (required for openai_compatible, e.g. .../v1)")
     api_key_env: str | None = Field(None, description="env var with the key (None: ANTHROPIC_API_KEY / none)")
-    task: Literal["code_collaboration", "code_review"] = "code_collaboration"
+    task: Literal["code_collaboration", "code_review", "story", "documentation", "research_synthesis"] = (
+        "code_collaboration"
+    )
     k_samples: int = Field(2, ge=1, le=64, description="k: sampled responses per beam trajectory per turn")
     beam_width: int = Field(2, ge=1, le=64, description="N: trajectories kept after each turn")
     num_episodes: int = Field(
@@ -361,6 +424,9 @@ class ApiGrpoParams(_Section):
         True, description="code_collaboration: main's prompt shows the helper's code"
     )
     judge: ApiGrpoJudgeParams = ApiGrpoJudgeParams()
+    story: ApiGrpoStoryParams = ApiGrpoStoryParams()
+    documentation: ApiGrpoDocumentationParams = ApiGrpoDocumentationParams()
+    research: ApiGrpoResearchParams = ApiGrpoResearchParams()
     budget_usd: float | None = Field(1.0, ge=0, le=1e6, description="hard spending cap (None: no cap)")
     eval_budget_fraction: float = Field(
         0.3, ge=0, lt=1, description="share of the budget kept for the test eval"

@@ -281,10 +281,12 @@ def _magrpo_section(train: dict, src: Path) -> str:
 
 def _api_grpo_section(summary: dict, src: Path) -> str:
     ev = _get(summary, "eval", source=src)
+    top = summary.get("max_reward", 4.0)
+    top = f"{top:.1f}" if isinstance(top, int | float) else "4.0"
     rows = [
         {
             "policy": label,
-            "mean test reward (max 4.0)": _ci_dict(ev.get(key)),
+            f"mean test reward (max {top})": _ci_dict(ev.get(key)),
             "problems": _num(ev.get("problems")),
         }
         for key, label in (
@@ -293,18 +295,51 @@ def _api_grpo_section(summary: dict, src: Path) -> str:
             ("difference", "difference (with − without)"),
         )
     ]
+    part_rows = [
+        {
+            "reward part (0–1)": name,
+            "with learned behaviours": _ci_dict(v.get("with")),
+            "without behaviours": _ci_dict(v.get("without")),
+            "difference (with − without)": _ci_dict(v.get("difference")),
+        }
+        for name, v in (ev.get("parts") or {}).items()
+        if isinstance(v, dict)
+    ]
     behaviours = summary.get("behaviors", {}).get("final") or {}
     parts = "".join(f"<p><b>{html.escape(agent)}</b></p>{_code(text)}" for agent, text in behaviours.items())
     level = ev.get("confidence")
+    over = summary.get("overrides") or {}
+    over_rows = [
+        {
+            "id": str(o.get("id")),
+            "phase": str(o.get("phase")),
+            "problem": str(o.get("task_id")),
+            "automatic reward": _num(o.get("automatic")),
+            "human reward": _num(o.get("human")),
+            "note": str(o.get("note", "")),
+            "by": str(o.get("who", "")),
+        }
+        for o in over.get("rows") or []
+    ]
+    overridden = (
+        f"<h3>Human overrides ({len(over_rows)} trajectories; <code>data/overrides.jsonl</code>)</h3>"
+        "<p>These rows use the person's score as their reward in training, the behaviour library and the "
+        "evaluation.</p>" + _table(over_rows)
+        if over_rows
+        else ""
+    )
     return (
-        f"<p>Backend <code>{html.escape(str(summary.get('backend')))}</code>, model "
+        f"<p>Backend <code>{html.escape(str(summary.get('backend')))}</code>, task "
+        f"<code>{html.escape(str(summary.get('task', 'code_collaboration')))}</code>, model "
         f"<code>{html.escape(str(summary.get('model')))}</code>, "
         f"{_num(summary.get('episodes_completed'))} training episodes; evaluation status "
         f"<code>{html.escape(str(ev.get('status')))}</code>"
         + (f", {level:.0%} bootstrap intervals over problems" if isinstance(level, int | float) else "")
         + ".</p>"
         + _table(rows)
+        + ("<h3>Each reward part, test problems</h3>" + _table(part_rows) if part_rows else "")
         + ("<h3>Learned behaviours (injected into the prompts)</h3>" + parts if parts else "")
+        + overridden
     )
 
 

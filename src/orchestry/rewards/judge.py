@@ -74,17 +74,27 @@ def first_numbers(text: str) -> dict[str, float | None]:
     return {c: (nums[i] if i < len(nums) else None) for i, c in enumerate(CRITERIA)}
 
 
-def judge_prompt(problem_prompt: str, transcript: Sequence[tuple[str, str, int]], result: str) -> str:
-    """The judge's user message. ``transcript``: ``(role, answer, completion tokens)`` per turn."""
+CODE_CRITERIA = (
+    "QUALITY: is the final code correct, clear and complete?\n"
+    "COLLABORATION: does each agent build on the others' work (and use what they provide)?\n"
+    "EFFICIENCY: is the work done with few, short, focused answers?\n"
+)
+
+
+def judge_prompt(
+    problem_prompt: str,
+    transcript: Sequence[tuple[str, str, int]],
+    result: str,
+    criteria: str | None = None,
+) -> str:
+    """The judge's user message. ``transcript``: ``(role, answer, completion tokens)`` per turn; ``criteria``:
+    what each of the three scores means, one ``NAME: question`` line each (``None``: the code tasks')."""
     parts = [f"Problem given to the agents:\n{problem_prompt.strip()}\n"]
     for role, text, tokens in transcript:
         parts.append(f"--- {role} ({tokens} tokens) ---\n{text.strip()[:3000]}\n")
     parts.append(f"--- executable result ---\n{result}\n")
     parts.append(
-        "Score the transcript from 0 (worst) to 10 (best) on:\n"
-        "QUALITY: is the final code correct, clear and complete?\n"
-        "COLLABORATION: does each agent build on the others' work (and use what they provide)?\n"
-        "EFFICIENCY: is the work done with few, short, focused answers?\n" + RETRY_PROMPT
+        "Score the transcript from 0 (worst) to 10 (best) on:\n" + (criteria or CODE_CRITERIA) + RETRY_PROMPT
     )
     return "\n".join(parts)
 

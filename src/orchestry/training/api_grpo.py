@@ -18,6 +18,11 @@
 4. **outputs** under ``out_dir``: ``episodes.jsonl``, ``rewards.csv``, ``learned_behaviors.json``,
    ``summary.json`` -- rewritten after every block, so a budget stop or a crash keeps everything finished.
 
+Human overrides (:mod:`orchestry.overrides`, ``data/overrides.jsonl``): a complete trajectory whose id has one
+gets the person's score as its reward and its value (training and evaluation alike), so the advantages, the
+behaviour library and the reported rewards use it; ``rewards.csv`` marks the row (``overridden``, with the
+``automatic_reward`` beside it) and ``summary.json`` lists the applied overrides.
+
 A budget stop (:class:`orchestry.llm.cost.BudgetExceeded`) ends the phase cleanly: the unfinished block is
 dropped (its paid responses are in the cache, so a re-run with a larger budget replays them for free), the
 outputs are written and ``summary.json`` says ``budget_status: exhausted``.
@@ -48,12 +53,16 @@ from orchestry.llm.backends import BackendConfigError, ChatRequest, make_backend
 from orchestry.llm.cache import CachedChat, ResponseCache
 from orchestry.llm.cost import BudgetExceeded, CostTracker, require_price
 from orchestry.metrics import bootstrap_ci
+from orchestry.overrides import Override, apply_override, trajectory_id
 from orchestry.problems import Problem
 from orchestry.progress import progress_bar
 from orchestry.rewards.judge import Judge, judge_agreement, judge_prompt
 from orchestry.tasks.code_collaboration import CodeCollaboration
 from orchestry.tasks.code_review import CodeReview
 from orchestry.tasks.common import Task, Turn
+from orchestry.tasks.documentation import Documentation
+from orchestry.tasks.research_synthesis import ResearchSynthesis
+from orchestry.tasks.story import Story
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoParams, SamplingParams
@@ -67,7 +76,8 @@ EVAL_SAMPLE_STRIDE = (
 CSV_FIELDS = [
     "phase", "arm", "episode", "task_id", "trajectory", "selected", "in_final_beam", "value", "reward",
     "judge", "advantage", "structure", "syntax", "tests", "cooperation", "passed", "total_asserts", "scheme",
-    "behaviors_version", "episode_usd", "episode_tokens", "cum_usd", "cum_tokens",
+    "behaviors_version", "episode_usd", "episode_tokens", "cum_usd", "cum_tokens", "id", "overridden",
+    "automatic_reward",
 ]  # fmt: skip
 
 
@@ -179,6 +189,12 @@ def make_task(cfg: ApiGrpoParams) -> Task:
     """The task named in ``api_grpo.task``."""
     if cfg.task == "code_review":
         return CodeReview()
+    if cfg.task == "story":
+        return Story(cfg.story)
+    if cfg.task == "documentation":
+        return Documentation(cfg.documentation)
+    if cfg.task == "research_synthesis":
+        return ResearchSynthesis(cfg.research, root=resolve_path("."))
     return CodeCollaboration(main_sees_helper=cfg.main_sees_helper)
 
 
@@ -205,6 +221,8 @@ class ApiGrpoRun:
         on_metrics: ``(metrics, step)`` callback (the stage logs them to MLflow).
         confidence / n_boot: level and resamples of the evaluation's bootstrap CIs (``intervals`` params).
         progress: allow the progress bars (module docstring); ``False`` never draws them.
+        overrides: human scores by trajectory id (:mod:`orchestry.overrides`, ``data/overrides.jsonl``): a
+            complete trajectory with one gets the human score as its reward and value.
     """
 
     def __init__(
@@ -219,15 +237,21 @@ class ApiGrpoRun:
         confidence: float = 0.95,
         n_boot: int = 1000,
         progress: bool = True,
+        overrides: Mapping[str, Override] | None = None,
     ):
-        if not train_problems:
-            raise ValueError("api_grpo needs at least one train problem (data/problems/train.jsonl is empty)")
         self.cfg, self.c, self.sandbox = cfg, clients, sandbox
         self.task = make_task(cfg)
+        # tasks with their own items (the story specs) or a subset of the problems (documentation)
+        if hasattr(self.task, "items"):
+            train_problems, test_problems = self.task.items(train_problems, test_problems)
+        if not train_problems:
+            raise ValueError("api_grpo needs at least one train problem (data/problems/train.jsonl is empty)")
+        self.parts: tuple[str, ...] = tuple(getattr(self.task, "reward_parts", ()))
         self.out = Path(out_dir)
         self.on_metrics = on_metrics or (lambda m, s: None)
         self.confidence, self.n_boot = confidence, n_boot
         self.progress = progress
+        self.overrides = dict(overrides or {})
         order = list(train_problems)
         random.Random(cfg.seed).shuffle(order)
         self.train_order = order
@@ -310,9 +334,11 @@ class ApiGrpoRun:
             rewards = task.score(probs, [t.turns for _, t in items], self.sandbox)
             judged = [None] * len(items)
             if use_judge and self.judge is not None and (final or self.cfg.judge.on_partial):
+                line = getattr(task, "result_line", _result_line)
+                criteria = getattr(task, "judge_criteria", None)
                 prompts = [
                     judge_prompt(
-                        p.prompt, [(x.role, x.text, x.completion_tokens) for x in t.turns], _result_line(r)
+                        p.prompt, [(x.role, x.text, x.completion_tokens) for x in t.turns], line(r), criteria
                     )
                     for p, (_, t), r in zip(probs, items, rewards, strict=True)
                 ]
@@ -320,8 +346,20 @@ class ApiGrpoRun:
                 judged = self.judge.score(prompts, tags)
             out = []
             w = self.cfg.judge.weight
-            for r, j in zip(rewards, judged, strict=True):
-                v = r["total"] if j is None else (1 - w) * r["total"] + w * task.max_reward * j.combined / 10
+            for p, (_, t), r, j in zip(probs, items, rewards, judged, strict=True):
+                human = None
+                if len(t.turns) == len(task.roles) and self.overrides:
+                    tid = trajectory_id(task.name, p.task_id, [(x.role, x.text) for x in t.turns])
+                    human = self.overrides.get(tid)
+                if human is not None:  # the person's score is the reward and the value (no judge mixed in)
+                    r = apply_override(r, human)
+                    v = human.score
+                else:
+                    v = (
+                        r["total"]
+                        if j is None
+                        else (1 - w) * r["total"] + w * task.max_reward * j.combined / 10
+                    )
                 out.append((v, {"reward": r, "judge": j.to_dict() if j else None}))
             if on_turn is not None:
                 on_turn(out)
@@ -345,6 +383,7 @@ class ApiGrpoRun:
             trajs.append(
                 {
                     "index": i,
+                    "id": trajectory_id(self.task.name, problem.task_id, [(x.role, x.text) for x in t.turns]),
                     "value": t.value,
                     "advantage": a,
                     "selected": i == res.selected,
@@ -360,6 +399,7 @@ class ApiGrpoRun:
             "episode": ep_id,
             "task": self.task.name,
             "task_id": problem.task_id,
+            "max_reward": self.task.max_reward,
             "behaviors_version": version,
             "behaviors": dict(behaviors),
             "selected": res.selected,
@@ -490,6 +530,7 @@ class ApiGrpoRun:
         snap = self.c.tracker.snapshot()
         self.on_metrics(
             {
+                **{f"train/part/{k}": float(sel["reward"].get(k, 0.0)) for k in self.parts},
                 "train/selected_reward": sel["reward"].get("total", 0.0),
                 "train/selected_value": sel["value"],
                 "train/group_mean_value": sum(group) / len(group),
@@ -546,10 +587,14 @@ class ApiGrpoRun:
         finally:
             bar.close()
         rewards: dict[str, list[float]] = {"with": [], "without": []}
+        parts: dict[str, dict[str, list[float]]] = {k: {"with": [], "without": []} for k in self.parts}
         for ep, p, arm, beh, res in zip(ids, problems, arms, behaviors, results, strict=True):
             rec = self._record("eval", arm, ep, p, res, self.behaviors_version if arm == "with" else 0, beh)
             self.episodes.append(rec)
-            rewards[arm].append(rec["trajectories"][res.selected]["reward"].get("total", 0.0))
+            sel = rec["trajectories"][res.selected]["reward"]
+            rewards[arm].append(sel.get("total", 0.0))
+            for k in self.parts:
+                parts[k][arm].append(float(sel.get(k, 0.0)))
         self.eval_summary = compare_arms(
             rewards["with"], rewards["without"], self.confidence, seed=self.cfg.seed, n_boot=self.n_boot
         )
@@ -560,6 +605,13 @@ class ApiGrpoRun:
             behaviors_learned=bool(self.behaviors),
             max_reward=self.task.max_reward,
         )
+        if self.parts:  # each reward part (unweighted, 0-1) with vs without, same intervals
+            self.eval_summary["parts"] = {
+                k: compare_arms(
+                    v["with"], v["without"], self.confidence, seed=self.cfg.seed, n_boot=self.n_boot
+                )
+                for k, v in parts.items()
+            }
         self.seconds["eval"] = time.time() - t0
 
     # ---- outputs ----------------------------------------------------------------------------------------------
@@ -583,6 +635,9 @@ class ApiGrpoRun:
                         "total_asserts": r.get("total_asserts", 0), "scheme": r.get("scheme", ""),
                         "behaviors_version": rec["behaviors_version"], "episode_usd": rec["cost"]["usd"],
                         "episode_tokens": rec["cost"]["tokens"], "cum_usd": cum_usd, "cum_tokens": cum_tok,
+                        "id": t["id"], "overridden": int("override" in r),
+                        "automatic_reward": r.get("automatic_total", r.get("total", 0.0)),
+                        **{f"part_{k}": r.get(k, 0.0) for k in self.parts},
                     }
                 )  # fmt: skip
         return out
@@ -615,6 +670,18 @@ class ApiGrpoRun:
                 "mean_selected_reward": self._mean_selected("train"),
                 "mean_group_value": sum(groups) / len(groups) if groups else float("nan"),
                 "trajectories": len(groups),
+                **(
+                    {
+                        "mean_selected_parts": {
+                            k: _mean(
+                                [r["trajectories"][r["selected"]]["reward"].get(k, 0.0) for r in train_eps]
+                            )
+                            for k in self.parts
+                        }
+                    }
+                    if self.parts
+                    else {}
+                ),
             },
             "eval": self.eval_summary,
             "behaviors": {"version": self.behaviors_version, "final": self.behaviors},
@@ -650,8 +717,24 @@ class ApiGrpoRun:
                 "neutral_fallbacks": self.judge.failures if self.judge else 0,
                 **({"agreement": self.judge_agreement()} if self.judge else {}),
             },
+            "overrides": self.override_summary(),
             "seconds": self.seconds,
         }
+
+    def override_summary(self) -> dict:
+        """Human overrides met in this run: how many were read, which ids were applied, and per applied id the
+        automatic and the human reward (the report lists them)."""
+        rows = {}
+        for rec in self.episodes:
+            for t in rec["trajectories"]:
+                o = t["reward"].get("override")
+                if o is not None and t["id"] not in rows:
+                    rows[t["id"]] = {
+                        "id": t["id"], "phase": rec["phase"], "episode": rec["episode"], "task_id": rec["task_id"],
+                        "automatic": t["reward"].get("automatic_total", 0.0), "human": o["score"],
+                        "note": o["note"], "who": o["who"],
+                    }  # fmt: skip
+        return {"read": len(self.overrides), "applied": len(rows), "rows": list(rows.values())}
 
     def write_outputs(self) -> dict:
         """Write the four outputs (atomically per file) and return the summary."""
@@ -667,7 +750,7 @@ class ApiGrpoRun:
         atomic("episodes.jsonl", lambda f: f.writelines(json.dumps(r) + "\n" for r in self.episodes))
 
         def write_csv(f) -> None:
-            w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+            w = csv.DictWriter(f, fieldnames=CSV_FIELDS + [f"part_{k}" for k in self.parts])
             w.writeheader()
             w.writerows(self.rows())
 
@@ -689,6 +772,10 @@ class ApiGrpoRun:
         self.train()
         self.evaluate()
         return self.write_outputs()
+
+
+def _mean(vals: Sequence[float]) -> float:
+    return sum(vals) / len(vals) if vals else float("nan")
 
 
 def compare_arms(
@@ -733,6 +820,7 @@ def run_api_grpo(
     confidence: float = 0.95,
     n_boot: int = 1000,
     progress: bool = True,
+    overrides: Mapping[str, Override] | None = None,
 ) -> dict:
     """Open the clients (all checks first), then the sandbox, and run (see the module docstring).
 
@@ -742,6 +830,7 @@ def run_api_grpo(
         clients: already opened clients (from :func:`open_clients`); closed at the end either way.
         confidence / n_boot: level and resamples of the evaluation's bootstrap CIs (``intervals`` params).
         progress: allow the progress bars (:mod:`orchestry.progress`).
+        overrides: human scores by trajectory id (:func:`orchestry.overrides.read_overrides`).
 
     Returns:
         The summary dict (also written to ``out_dir/summary.json``).
@@ -754,7 +843,7 @@ def run_api_grpo(
         with sandbox_factory() as sandbox:
             run = ApiGrpoRun(
                 cfg, clients, train_problems, test_problems, sandbox, out_dir, on_metrics, confidence, n_boot,
-                progress,
+                progress, overrides,
             )  # fmt: skip
             summary = run.run()
     finally:

@@ -1,0 +1,440 @@
+"""Documenting a Python function as a three-turn episode: ``writer`` drafts a docstring, ``reviewer`` critiques,
+``editor`` returns the function with the final docstring.
+
+The functions are the project's problems with their canonical solutions (``data/problems/*.jsonl``): the
+entry point's signature and reference body, with the problem's own docstring removed (:func:`undocumented`).
+The latest answer (the writer's, the editor's when finished; the reviewer writes no code) is scored by checks:
+
+- ``unchanged`` (weight 0.25): the answer's code is the original function and nothing else, once docstrings
+  are removed (AST equality: name, arguments, annotations, decorators and body; no other top-level
+  statement, which could run before the doctests). With ``require_unchanged`` (default) a changed answer
+  scores 0 on every part: its documentation describes other code.
+- ``doctests`` (1.0): the share of the docstring's examples with an expected output that pass, run as
+  doctests in the sandbox (the examples run in order in the program process, under the sandbox's limits;
+  only the verdicts come back; the runner is appended after the answer's code). No example with an expected
+  output scores 0; a changed answer's doctests are not run (0).
+- ``params`` (0.5): the share of the parameters (from the AST) that the docstring's prose (the text outside
+  the ``>>>`` examples and their outputs) describes: an entry ``name: ...`` / ``name (type): ...`` /
+  ``name -- ...`` at the start of a line, ``:param name: ...``, or the name quoted as code (```name```)
+  in a sentence (:func:`describes`); a function without parameters scores 1.
+- ``returns`` (0.25): the prose describes the return value (``return``/``returns``/``yield``) when the
+  function returns a value; 1 for a function that returns nothing.
+
+Reward = the weighted sum (``api_grpo.documentation`` weights; max 2.0 by default). The optional LLM judge
+scores the docstring's quality on top.
+"""
+
+from __future__ import annotations
+
+import ast
+import doctest
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from orchestry.problems import Problem
+from orchestry.rewards.code import extract_code
+from orchestry.sandbox import Job
+from orchestry.tasks.common import Turn, with_guidelines
+
+if TYPE_CHECKING:
+    from orchestry.config import ApiGrpoDocumentationParams
+    from orchestry.sandbox import Sandbox
+
+WRITER_SYSTEM = "You are a Python programmer who writes clear, correct docstrings."
+REVIEWER_SYSTEM = "You are a careful reviewer of Python documentation."
+EDITOR_SYSTEM = "You are a Python programmer who finalises a function's docstring after a review."
+
+_RUNNER_NAME = "_orchestry_doctests"
+# appended after the answer's code, so it wins over any definition of the same name in the answer
+DOCTEST_RUNNER = f"""
+
+def {_RUNNER_NAME}(name):
+    import doctest
+
+    ok = {{}}
+
+    class _Runner(doctest.DocTestRunner):
+        def report_start(self, out, test, example):
+            pass
+
+        def report_success(self, out, test, example, got):
+            ok[id(example)] = True
+
+        def report_failure(self, out, test, example, got):
+            ok[id(example)] = False
+
+        def report_unexpected_exception(self, out, test, example, exc_info):
+            ok[id(example)] = False
+
+    fn = globals().get(name)
+    examples = doctest.DocTestParser().get_examples(getattr(fn, "__doc__", None) or "")
+    test = doctest.DocTest(examples, dict(globals()), name, None, 0, None)
+    _Runner(verbose=False, optionflags=doctest.ELLIPSIS).run(test, out=lambda s: None, clear_globs=False)
+    return [ok.get(id(e), False) for e in examples]
+"""
+_RETURNS = re.compile(r"\b(returns?|returned|yields?)\b", re.IGNORECASE)
+
+
+def _parse(code: str) -> ast.Module | None:
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError):
+        return None
+
+
+def _function(tree: ast.Module | None, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    found = None
+    for node in tree.body if tree is not None else []:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            found = node
+    return found
+
+
+def _strip_docstrings(node: ast.AST) -> ast.AST:
+    """A copy of ``node`` without docstrings (in it and in nested functions/classes)."""
+    node = ast.parse(ast.unparse(node)).body[0]
+    for n in ast.walk(node):
+        if (
+            isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            and ast.get_docstring(n) is not None
+        ):
+            n.body = n.body[1:] or [ast.Pass()]
+    return node
+
+
+def _is_docstring(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )
+
+
+def code_fingerprint(node: ast.AST) -> str:
+    """The function without docstrings, as an AST dump (no positions): equal iff the code is unchanged."""
+    return ast.dump(_strip_docstrings(node), annotate_fields=True, include_attributes=False)
+
+
+def undocumented(problem: Problem) -> str:
+    """The problem's function (signature + canonical body) without its docstring, plus the problem's context.
+
+    Raises:
+        ValueError: no canonical solution, or prompt + solution does not define the entry point.
+    """
+    if not problem.canonical_solution.strip():
+        raise ValueError(f"{problem.task_id}: no canonical solution to document")
+    tree = _parse(problem.prompt + problem.canonical_solution)
+    fn = _function(tree, problem.entry_point)
+    if fn is None:
+        raise ValueError(
+            f"{problem.task_id}: prompt + canonical solution does not define {problem.entry_point}"
+        )
+    return ast.unparse(_strip_docstrings(fn))
+
+
+def parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """Parameter names (positional, keyword-only, *args, **kwargs), ``self``/``cls`` left out."""
+    a = fn.args
+    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+    names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+    return [n for n in names if n not in ("self", "cls")]
+
+
+def returns_value(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """The function has a ``return <value>`` or a ``yield`` (outside nested functions)."""
+    stack = list(fn.body)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Return) and n.value is not None or isinstance(n, ast.Yield | ast.YieldFrom):
+            return True
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue
+        stack.extend(ast.iter_child_nodes(n))
+    return False
+
+
+def describes(text: str, name: str) -> bool:
+    """``text`` (docstring prose) describes parameter ``name``: an entry ``name: ...`` / ``name (type): ...`` /
+    ``name -- ...`` at the start of a line (Google, NumPy, plain styles), a Sphinx ``:param name: ...``, or the
+    name quoted as code (```name```) in a sentence. A bare occurrence (``s[start:]``) is not a description."""
+    n = re.escape(name)
+    patterns = (
+        rf"^[ \t]*[*`]*{n}[*`]*[ \t]*(?:\([^)\n]*\))?[ \t]*(?::|--|-|–)[ \t]*\S",
+        rf":param[ \t]+(?:\w+[ \t]+)?{n}[ \t]*:[ \t]*\S",
+        rf"``?{n}``?",
+    )
+    return any(re.search(p, text or "", re.MULTILINE) for p in patterns)
+
+
+def prose(docstring: str) -> str:
+    """The docstring without its doctest examples and their expected outputs."""
+    parser = doctest.DocTestParser()
+    try:
+        pieces = parser.parse(docstring or "")
+    except ValueError:  # malformed example (e.g. bad indentation): keep the text
+        return docstring or ""
+    return "".join(p for p in pieces if isinstance(p, str))
+
+
+def checked_examples(docstring: str) -> tuple[int, list[int]]:
+    """``(number of examples, indices of those with an expected output)``; a malformed docstring has none."""
+    try:
+        examples = doctest.DocTestParser().get_examples(docstring or "")
+    except ValueError:
+        return 0, []
+    return len(examples), [i for i, e in enumerate(examples) if e.want.strip()]
+
+
+class Documentation:
+    """Writer -> reviewer -> editor (three turns); reward: checked documentation parts (max 2.0 by default)."""
+
+    name = "documentation"
+    roles = ("writer", "reviewer", "editor")
+    reward_parts = ("unchanged", "doctests", "params", "returns")
+    judge_criteria = (
+        "QUALITY: is the final docstring correct, clear and complete (every parameter, the return value, "
+        "examples that hold)?\n"
+        "COLLABORATION: does each agent build on the previous answer (the editor applying the review)?\n"
+        "EFFICIENCY: is the work done with few, short, focused answers?\n"
+    )
+
+    def __init__(self, params: ApiGrpoDocumentationParams | None = None):
+        if params is None:
+            from orchestry.config import ApiGrpoDocumentationParams
+
+            params = ApiGrpoDocumentationParams()
+        self.params = params
+        self.weights = {
+            "unchanged": params.unchanged_weight,
+            "doctests": params.doctests_weight,
+            "params": params.params_weight,
+            "returns": params.returns_weight,
+        }
+        self.max_reward = sum(self.weights.values())
+        self._memo: dict[tuple[str, str], dict] = {}
+        self.feature_guides: dict[str, tuple[str, str | None, str | None]] = {
+            "writer_examples": (
+                "writer",
+                "Include doctest examples (top episodes: about {top:.0f}, others {bottom:.0f}).",
+                "Use fewer doctest examples (top episodes: about {top:.0f}, others {bottom:.0f}).",
+            ),
+            "editor_examples": (
+                "editor",
+                "Keep or add doctest examples (top episodes: about {top:.0f}, others {bottom:.0f}).",
+                "Keep only a few doctest examples (top episodes: about {top:.0f}, others {bottom:.0f}).",
+            ),
+            "editor_has_args_section": ("editor", "Describe each parameter in an Args: section.", None),
+            "editor_has_returns_section": ("editor", "Describe the result in a Returns: section.", None),
+            "editor_fenced": ("editor", "Put the function in one ```python block.", None),
+            "editor_prose_after_code": (
+                "editor",
+                None,
+                "Stop after the code block: no explanation after it.",
+            ),
+            "reviewer_names_parameter": (
+                "reviewer",
+                "Name the parameters whose description is missing or wrong.",
+                None,
+            ),
+            "reviewer_writes_code": (
+                "reviewer",
+                "Show the corrected docstring.",
+                "Describe the problems in words; leave the rewriting to the editor.",
+            ),
+            "reviewer_chars": (
+                "reviewer",
+                "Give a detailed review (top episodes: about {top:.0f} characters, others {bottom:.0f}).",
+                "Keep the review brief (top episodes: about {top:.0f} characters, others {bottom:.0f}).",
+            ),
+        }
+
+    # ---- items -------------------------------------------------------------------------------------------------
+    def items(self, train: Sequence[Problem], test: Sequence[Problem]) -> tuple[list[Problem], list[Problem]]:
+        """The problems whose canonical solution defines the entry point (the others cannot be documented).
+
+        Raises:
+            ValueError: no train problem has one.
+        """
+
+        def usable(ps: Sequence[Problem]) -> list[Problem]:
+            out = []
+            for p in ps:
+                try:
+                    undocumented(p)
+                except ValueError:
+                    continue
+                out.append(p)
+            return out
+
+        tr, te = usable(train), usable(test)
+        if not tr:
+            raise ValueError("documentation: no train problem has a canonical solution to document")
+        return tr, te
+
+    # ---- prompts -----------------------------------------------------------------------------------------------
+    def messages(
+        self, problem: Problem, turns: Sequence[Turn], behaviors: Mapping[str, str]
+    ) -> tuple[str, str]:
+        """``(system, user)`` for the next agent of ``writer -> reviewer -> editor``.
+
+        Raises:
+            ValueError: the episode is already finished.
+        """
+        code = undocumented(problem)
+        ask = (
+            "Return the complete function, code unchanged, in one ```python block, with a docstring that "
+            "describes every parameter and the return value and gives doctest examples (>>> lines with "
+            "their exact output)."
+        )
+        if not turns:
+            user = f"Write a docstring for this Python function.\n```python\n{code}\n```\n{ask}"
+            return WRITER_SYSTEM, with_guidelines(user, behaviors.get("writer", ""))
+        draft = extract_code(turns[0].text)[0] or turns[0].text
+        if len(turns) == 1:
+            user = (
+                f"Review the docstring of this function. Point out parameters or the return value left "
+                f"undescribed, examples whose output is wrong, and any change to the code. Be brief.\n\n"
+                f"Original code:\n```python\n{code}\n```\nDocumented version:\n```python\n{draft}\n```"
+            )
+            return REVIEWER_SYSTEM, with_guidelines(user, behaviors.get("reviewer", ""))
+        if len(turns) == 2:
+            user = (
+                f"Original code:\n```python\n{code}\n```\nDraft with docstring:\n```python\n{draft}\n```\n"
+                f"Review:\n{turns[1].text.strip()}\n\nApply the review. {ask}"
+            )
+            return EDITOR_SYSTEM, with_guidelines(user, behaviors.get("editor", ""))
+        raise ValueError(f"{self.name} has {len(self.roles)} turns; got a transcript of {len(turns)}")
+
+    # ---- reward ------------------------------------------------------------------------------------------------
+    def _static(self, problem: Problem, answer: str) -> tuple[dict, Job | None, list[int]]:
+        """Parts known without running code, and the doctest job (or None)."""
+        code = extract_code(answer)[0] if answer else ""
+        tree = _parse(code) if code else None
+        fn = _function(tree, problem.entry_point)
+        zero = dict.fromkeys(self.reward_parts, 0.0)
+        if fn is None:
+            return (
+                {
+                    **zero,
+                    "examples": 0,
+                    "doctests_passed": 0,
+                    "reasons": ["no function " + problem.entry_point],
+                },
+                None,
+                [],
+            )
+        original = _function(_parse(problem.prompt + problem.canonical_solution), problem.entry_point)
+        body = [n for n in tree.body if not _is_docstring(n)] if tree is not None else []
+        # the answer is the function and nothing else (no other code that could run before the doctests)
+        unchanged = (
+            original is not None
+            and len(body) == 1
+            and body[0] is fn
+            and code_fingerprint(fn) == code_fingerprint(original)
+        )
+        doc = ast.get_docstring(fn, clean=True) or ""
+        text = prose(doc)
+        names = parameters(fn)
+        described = [n for n in names if describes(text, n)]
+        params = len(described) / len(names) if names else 1.0
+        returns = float(bool(_RETURNS.search(text))) if returns_value(fn) else 1.0
+        n_examples, checked = checked_examples(doc)
+        reasons = []
+        if not unchanged:
+            reasons.append(
+                "unchanged: the answer's code differs from the original function (doctests not run)"
+            )
+        if not doc:
+            reasons.append("no docstring")
+        if names and len(described) < len(names):
+            reasons.append("params: not described " + ", ".join(n for n in names if n not in described))
+        if not returns:
+            reasons.append("returns: the return value is not described")
+        if not checked:
+            reasons.append("doctests: no example with an expected output")
+        parts = {"unchanged": float(unchanged), "doctests": 0.0, "params": params, "returns": returns}
+        info = {**parts, "examples": len(checked), "doctests_passed": 0, "reasons": reasons}
+        job = None
+        if checked and unchanged:  # doctests describe the original code: a changed answer's are not run
+            program = (problem.context + "\n" if problem.context else "") + code + DOCTEST_RUNNER
+            asserts = tuple(f"assert {_RUNNER_NAME}({problem.entry_point!r})[{i}] is True" for i in checked)
+            job = Job(program=program, asserts=asserts)
+        return info, job, checked
+
+    def _finish(self, info: dict) -> dict:
+        if self.params.require_unchanged and not info["unchanged"]:
+            for k in self.reward_parts:
+                info[k] = 0.0
+        info["total"] = sum(self.weights[k] * info[k] for k in self.reward_parts)
+        return info
+
+    def score(
+        self, problems: Sequence[Problem], transcripts: Sequence[Sequence[Turn]], sandbox: Sandbox
+    ) -> list[dict]:
+        """Checked parts of the latest function (the writer's, or the editor's when finished); the doctests run
+        in ``sandbox``, one job per answer. Memoised per (task_id, answer)."""
+        answers = [(t[2].text if len(t) >= 3 else t[0].text) if t else "" for t in transcripts]
+        keys = [(p.task_id, a) for p, a in zip(problems, answers, strict=True)]
+        todo: dict[tuple[str, str], tuple[Problem, str]] = {}
+        for k, p, a in zip(keys, problems, answers, strict=True):
+            if k not in self._memo:
+                todo[k] = (p, a)
+        pending = []
+        for k, (p, a) in todo.items():
+            info, job, _ = self._static(p, a)
+            if job is None:
+                self._memo[k] = self._finish(info)
+            else:
+                pending.append((k, info, job))
+        if pending:
+            results = sandbox.run_batch([job for _, _, job in pending])
+            for (k, info, _), res in zip(pending, results, strict=True):
+                info["doctests_passed"] = res.passed
+                info["doctests"] = res.passed / res.total if res.total else 0.0
+                if res.error:
+                    info["reasons"].append(f"doctests: {res.error[:200]}")
+                elif res.passed < res.total:
+                    failed = [i + 1 for i, o in enumerate(res.outcomes) if not o.passed]
+                    info["reasons"].append(f"doctests: {res.passed}/{res.total} pass (failing: {failed[:5]})")
+                self._memo[k] = self._finish(info)
+        return [dict(self._memo[k], reasons=list(self._memo[k]["reasons"])) for k in keys]
+
+    def result_line(self, reward: Mapping) -> str:
+        """What the judge is told about the checked reward."""
+        parts = ", ".join(f"{k} {reward.get(k, 0):.2f}" for k in self.reward_parts)
+        reasons = "; ".join(reward.get("reasons", [])[:3])
+        return f"checked reward {reward.get('total', 0):.2f} of {self.max_reward:.2f} ({parts})" + (
+            f"; {reasons}" if reasons else ""
+        )
+
+    def features(self, problem: Problem, turns: Sequence[Turn], reward: Mapping) -> dict[str, float]:
+        """Examples and sections of the docstrings, fences and prose of the editor, what the review mentions."""
+        writer, reviewer, editor = turns[0], turns[1], turns[2]
+
+        def doc_of(text: str) -> str:
+            fn = _function(_parse(extract_code(text)[0]), problem.entry_point)
+            return (ast.get_docstring(fn) or "") if fn is not None else ""
+
+        w_doc, e_doc = doc_of(writer.text), doc_of(editor.text)
+        fences = editor.text.count("```")
+        after = editor.text.rsplit("```", 1)[-1] if fences >= 2 else ""
+        fn = _function(_parse(problem.prompt + problem.canonical_solution), problem.entry_point)
+        names = parameters(fn) if fn is not None else []
+        return {
+            "writer_examples": float(checked_examples(w_doc)[0]),
+            "editor_examples": float(checked_examples(e_doc)[0]),
+            "editor_has_args_section": float(bool(re.search(r"^\s*(Args|Parameters)\s*:?\s*$", e_doc, re.M))),
+            "editor_has_returns_section": float(bool(re.search(r"^\s*Returns?\s*:?\s*$", e_doc, re.M))),
+            "editor_fenced": float(fences >= 2),
+            "editor_prose_after_code": float(len(after.strip()) > 40),
+            "reviewer_names_parameter": float(
+                any(re.search(rf"\b{re.escape(n)}\b", reviewer.text) for n in names)
+            ),
+            "reviewer_writes_code": float("```" in reviewer.text),
+            "reviewer_chars": float(len(reviewer.text)),
+            "writer_truncated": float(writer.truncated),
+            "editor_truncated": float(editor.truncated),
+            "outcome_unchanged": float(reward.get("unchanged", 0)),
+            "outcome_doctests": float(reward.get("doctests", 0)),
+        }
