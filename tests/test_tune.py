@@ -77,11 +77,20 @@ def _tune(repo: Path, space: Path, *extra: str):
 @pytest.mark.parametrize(
     ("params", "needle"),
     [
-        ({"train_magrpo.learnig_rate": {"low": 0.001, "high": 0.01}}, "train_magrpo.learnig_rate: unknown params key"),
+        (
+            {"train_magrpo.learnig_rate": {"low": 0.001, "high": 0.01}},
+            "train_magrpo.learnig_rate: unknown params key",
+        ),
         ({"nosection.x": {"low": 1, "high": 2}}, "nosection.x: unknown params key"),
         ({"train_magrpo": {"low": 1, "high": 2}}, "train_magrpo: is a section"),
-        ({"train_magrpo.learning_rate": {"low": 0.01, "high": 0.001}}, "train_magrpo.learning_rate: empty range"),
-        ({"train_magrpo.learning_rate": {"low": 0.01, "high": 0.01}}, "train_magrpo.learning_rate: empty range"),
+        (
+            {"train_magrpo.learning_rate": {"low": 0.01, "high": 0.001}},
+            "train_magrpo.learning_rate: empty range",
+        ),
+        (
+            {"train_magrpo.learning_rate": {"low": 0.01, "high": 0.01}},
+            "train_magrpo.learning_rate: empty range",
+        ),
         ({"train_magrpo.advantage": {"choices": []}}, "train_magrpo.advantage: empty range"),
         ({"train_magrpo.advantage": {"choices": ["mean", "bogus"]}}, "the value 'bogus' is refused"),
         ({"train_magrpo.learning_rate": {"low": 0.001, "high": 5.0}}, "the value 5.0 is refused"),
