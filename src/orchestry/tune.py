@@ -428,6 +428,15 @@ def trial_env(study: str, number: int) -> dict[str, str]:
     return env
 
 
+def _stderr():
+    """This process's stderr when it is a real file (not under a test runner's capture), else ``None``."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    return sys.stderr
+
+
 def run_trial(
     repo: Path, name: str, overrides: Sequence[str], env: Mapping[str, str], objective: str, capture: bool
 ) -> float:
@@ -439,7 +448,10 @@ def run_trial(
     cmd = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", name]
     for o in overrides:
         cmd += ["-S", o]
-    cp = subprocess.run(cmd, cwd=repo, env=dict(env), capture_output=capture, text=True, check=False)
+    if capture:
+        cp = subprocess.run(cmd, cwd=repo, env=dict(env), capture_output=True, text=True, check=False)
+    else:  # DVC's and the stages' output on stderr: stdout carries only tune's results
+        cp = subprocess.run(cmd, cwd=repo, env=dict(env), stdout=_stderr(), text=True, check=False)
     if cp.returncode != 0:
         tail = " ".join(((cp.stderr or "") + (cp.stdout or "")).split())[-600:] if capture else ""
         raise TrialFailed(
