@@ -440,14 +440,14 @@ def _stderr():
 def run_trial(
     repo: Path, name: str, overrides: Sequence[str], env: Mapping[str, str], objective: str, capture: bool
 ) -> float:
-    """``dvc exp run --temp -n name -S ...`` in ``repo``, then the objective of that experiment.
+    """``dvc exp run --temp -n name -S ++key=value ...`` in ``repo``, then the objective of that experiment.
 
     Raises:
         TrialFailed: DVC exited non-zero (the tail of its output when captured), or no objective value.
     """
     cmd = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", name]
-    for o in overrides:
-        cmd += ["-S", o]
+    for o in overrides:  # `++`: Hydra's add-or-override, for a key params.yaml leaves to its default
+        cmd += ["-S", f"++{o}"]
     if capture:
         cp = subprocess.run(cmd, cwd=repo, env=dict(env), capture_output=True, text=True, check=False)
     else:  # DVC's and the stages' output on stderr: stdout carries only tune's results
