@@ -329,5 +329,5 @@ def test_a_three_trial_study_lands_in_dvc_and_mlflow_and_resumes(tmp_path):
     assert "every trial run now failed" in cp.stderr.splitlines()[-1]
     failed = optuna.load_study(study_name="bad", storage=storage).trials
     assert [t.state.name for t in failed] == ["FAIL"]
-    assert "has no number at 'val.methods.magrpo.missing'" in failed[0].system_attrs["fail_reason"]
+    assert "has no number at 'val.methods.magrpo.missing'" in failed[0].user_attrs["fail_reason"]
     print(f"3-trial study + resume + show + a failed trial: {time.time() - t0:.1f} s")

@@ -539,20 +539,21 @@ def tune(
         trial.set_user_attr("dvc_experiment", exp)
         shown = " ".join(override(k, v) for k, v in values.items())
         echo(f"trial {trial.number} ({exp}): {shown}")
-        value = run_trial(repo, exp, [*fixed, *(override(k, v) for k, v in values.items())],
-                          trial_env(name, trial.number), space.objective, capture)  # fmt: skip
+        try:
+            value = run_trial(repo, exp, [*fixed, *(override(k, v) for k, v in values.items())],
+                              trial_env(name, trial.number), space.objective, capture)  # fmt: skip
+        except TrialFailed as e:  # Optuna records the trial FAIL (catch=); the reason stays in the study
+            nonlocal failed
+            failed += 1
+            trial.set_user_attr("fail_reason", str(e)[:1000])
+            echo(f"trial {trial.number} failed: {e}")
+            raise
         echo(f"trial {trial.number}: {space.objective} = {value:.6g}")
         return value
 
     while complete() < trials and ran < trials:
-        before = len(study.trials)
         study.optimize(objective, n_trials=1, catch=(TrialFailed,))
         ran += 1
-        last = study.trials[before:] if len(study.trials) > before else []
-        for t in last:
-            if t.state == optuna.trial.TrialState.FAIL:
-                failed += 1
-                echo(f"trial {t.number} failed: {t.system_attrs.get('fail_reason', '?')}")
     best = best_trials(study, 1)
     return {"study": name, "storage": url, "ran": ran, "failed": failed, "complete": complete(),
             "best": best[0] if best else None}  # fmt: skip
