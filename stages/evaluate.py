@@ -1,4 +1,5 @@
-"""Stage `evaluate`: base agents vs MAGRPO-trained adapters on the test split; gathers every method's metrics."""
+"""Stage `evaluate`: base agents vs MAGRPO-trained adapters on the test split (and the val split with
+`evaluate.val`); gathers every method's metrics."""
 
 import json
 from pathlib import Path
@@ -76,6 +77,28 @@ def main() -> None:
                     "methods": out,
                     "trained_minus_base": trained_minus_base(recs_t["base"], recs_t["magrpo"], iv),
                 }
+        # the validation split (evaluate.val): the split `orchestry tune` optimises, never the test split
+        if cfg.val:
+            val = read_problems("data/problems/val.jsonl")
+            out_v: dict[str, dict] = {}
+            recs_v: dict[str, list[dict]] = {}
+            with open_sandbox(params) as sb:
+                if workflow:
+                    pairs_v = evaluate_workflow(
+                        val, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed, iv
+                    )
+                else:
+                    pairs_v = evaluate_agents(val, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed,
+                                              cfg.batch_size, iv, turns=turns)  # fmt: skip
+                for name, recs, summary in pairs_v:
+                    out_v[name], recs_v[name] = summary, recs
+                    write_jsonl(f"reports/eval/val/{name}.jsonl", recs)
+                    log_metrics({f"val/{name}/{k}": v for k, v in summary.items()})
+            report["val"] = {
+                "problems": len(val),
+                "methods": out_v,
+                "trained_minus_base": trained_minus_base(recs_v["base"], recs_v["magrpo"], iv),
+            }
         api = Path("reports/api_grpo/summary.json")
         if api.exists():
             report["api_grpo"] = json.loads(api.read_text())

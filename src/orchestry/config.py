@@ -317,6 +317,11 @@ class EvaluateParams(_Section):
         description="turns per episode (None: train_magrpo.turns, the turns the policy was trained with)",
     )
     seed: Seed = 1
+    val: bool = Field(
+        False,
+        description="also evaluate the base and trained pairs on the val split (metrics.json `val`): the split "
+        "`orchestry tune` optimises",
+    )
 
 
 class DetectSchemesParams(_Section):

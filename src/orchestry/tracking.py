@@ -68,6 +68,12 @@ class StageTerminated(SystemExit):
     """SIGTERM arrived during :func:`stage_run`; the process exits with code 128 + SIGTERM (143)."""
 
 
+#: Set by ``orchestry tune`` (:mod:`orchestry.tune`) for the ``dvc exp run`` of a trial: the Optuna study's name and
+#: the trial's number, tagged on every run of that execution (:func:`pipeline_execution`).
+TUNE_STUDY_ENV = "ORCHESTRY_TUNE_STUDY"
+TUNE_TRIAL_ENV = "ORCHESTRY_TUNE_TRIAL"
+
+
 def repo_root() -> Path:
     """``DVC_ROOT`` if set, else the current working directory."""
     return Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
@@ -117,11 +123,16 @@ def params_hash(params_file: str | Path = "params.yaml") -> str:
 
 def pipeline_execution() -> dict[str, str]:
     """The tags that identify this process's pipeline execution (module docstring): ``git_revision`` (a commit
-    hash, or ``unknown``), ``params_hash`` and, inside ``dvc exp run``, ``dvc_experiment``."""
+    hash, or ``unknown``), ``params_hash`` and, inside ``dvc exp run``, ``dvc_experiment``; inside a trial of
+    ``orchestry tune`` also ``optuna_study`` and ``optuna_trial`` (from :data:`TUNE_STUDY_ENV` and
+    :data:`TUNE_TRIAL_ENV`)."""
     rev = os.environ.get("DVC_EXP_BASELINE_REV") or git_revision(repo_root()).removesuffix("+dirty")
     tags = {"git_revision": rev, "params_hash": params_hash()}
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
+    for env, tag in ((TUNE_STUDY_ENV, "optuna_study"), (TUNE_TRIAL_ENV, "optuna_trial")):
+        if os.environ.get(env):
+            tags[tag] = os.environ[env]
     return tags
 
 
