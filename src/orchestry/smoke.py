@@ -2,7 +2,8 @@
 ``tests/test_pipeline.py``).
 
 :func:`make_micro_repo` copies what ``dvc repro`` needs (:data:`COPY`: ``dvc.yaml``, ``params.yaml``, the stage
-scripts, the package source; the working tree as it is, without ``__pycache__``), overrides ``params.yaml`` with
+scripts, the package source, the human overrides and task data under ``data/``; the working tree as it is, without
+``__pycache__``), overrides ``params.yaml`` with
 :data:`MICRO` (2 problems, 2 MAGRPO updates, 24-token completions, ...), then makes the copy its own git and DVC
 repository with one commit. :func:`run_repro` runs ``dvc repro`` there; the copy's MLflow store is its own
 ``mlflow.db`` (``DVC_ROOT`` and ``DVC_EXP_NAME`` are removed from the environment), read back by
@@ -24,7 +25,7 @@ from typing import Any
 import yaml
 
 #: Files and folders of the project that ``dvc repro`` needs, relative to its root.
-COPY = ("dvc.yaml", "params.yaml", "stages", "src", "pyproject.toml")
+COPY = ("dvc.yaml", "params.yaml", "stages", "src", "pyproject.toml", "data/overrides.jsonl", "data/tasks")
 
 #: Micro overrides of ``params.yaml``: every stage runs, on 1-2 problems with short completions.
 MICRO: dict[str, dict[str, Any]] = {
@@ -113,6 +114,7 @@ def make_micro_repo(root: str | Path, dest: str | Path, env: Mapping[str, str] |
                 src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
             )
         else:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
     params = yaml.safe_load((dest / "params.yaml").read_text()) or {}
     (dest / "params.yaml").write_text(yaml.safe_dump(micro_params(params), sort_keys=False))
