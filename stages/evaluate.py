@@ -17,6 +17,31 @@ from orchestry.training.magrpo import WORKFLOW_AGENTS
 ADAPTERS = Path("models/adapters/magrpo")
 
 
+def score_pairs(problems, model, tok, sb, params, turns: int, workflow: bool):
+    """Base and trained pairs on ``problems``: ``[(name, records, summary), ...]`` (names ``base``, ``magrpo``)."""
+    cfg, iv = params.evaluate, params.intervals
+    if workflow:  # base vs trained writer -> tester -> fixer episodes
+        return evaluate_workflow(problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed, iv)
+    return evaluate_agents(problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed, cfg.batch_size,
+                           iv, turns=turns)  # fmt: skip
+
+
+def extra_set(pairs, samples: str, prefix: str, n_problems: int, iv) -> dict:
+    """One extra evaluation set (a transfer set, the val split): each pair's samples written to ``samples``
+    (``{name}`` filled in), its metrics logged under ``<prefix>/<name>/``, and trained - base paired."""
+    methods: dict[str, dict] = {}
+    records: dict[str, list[dict]] = {}
+    for name, recs, summary in pairs:
+        methods[name], records[name] = summary, recs
+        write_jsonl(samples.format(name=name), recs)
+        log_metrics({f"{prefix}/{name}/{k}": v for k, v in summary.items()})
+    return {
+        "problems": n_problems,
+        "methods": methods,
+        "trained_minus_base": trained_minus_base(records["base"], records["magrpo"], iv),
+    }
+
+
 def main() -> None:
     params = start_stage("evaluate")
     cfg = params.evaluate
@@ -30,75 +55,45 @@ def main() -> None:
         agents = WORKFLOW_AGENTS[params.train_magrpo.workflow]
         model, tok = load_policy(params, with_adapters=str(ADAPTERS), agents=agents)
         with open_sandbox(params) as sb:
-            if workflow:  # base vs trained writer -> tester -> fixer episodes
-                pairs = evaluate_workflow(
-                    problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed, iv
-                )
-            else:
-                pairs = evaluate_agents(problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed,
-                                        cfg.batch_size, iv, turns=turns)  # fmt: skip
             records: dict[str, list[dict]] = {}
-            for name, recs, summary in pairs:
+            for name, recs, summary in score_pairs(problems, model, tok, sb, params, turns, workflow):
                 methods[name] = summary
                 records[name] = recs
                 write_jsonl(f"reports/eval/{name}.jsonl", recs)
                 mlflow.log_artifact(f"reports/eval/{name}.jsonl", "samples")
                 log_samples_table(recs, f"samples/eval_{name}.json")  # per-sample table (mlflow.load_table)
                 log_metrics({f"{name}/{k}": v for k, v in summary.items()})
-        for path in sorted(Path("reports/baselines").glob("*.jsonl")):
-            recs = read_jsonl(path)
-            ks_b = sorted({1, params.baselines.num_samples})
-            methods[f"baseline_{path.stem}"] = summarize(recs, ks_b, iv.confidence, iv.resamples)
-            log_samples_table(recs, f"samples/eval_baseline_{path.stem}.json")
-        report = {
-            "test_problems": len(problems),
-            "turns": turns,
-            # trained - base on the same problems, paired, bootstrap over problems (the learning claim)
-            "trained_minus_base": trained_minus_base(records["base"], records["magrpo"], iv),
-            "samples_per_problem": cfg.num_samples,
-            "intervals": iv.model_dump(),  # the level the figures state is read from here
-            "methods": methods,
-        }
-        # transfer: the same base and trained pairs on each extra evaluation set (prepare.transfer)
-        report["transfer"] = {}
-        sets = [] if workflow else sorted(Path("data/problems/transfer").glob("*.jsonl"))
-        with open_sandbox(params) as sb:
-            for path in sets:
-                extra = read_problems(path)[: cfg.max_problems_transfer]
-                out: dict[str, dict] = {}
-                recs_t: dict[str, list[dict]] = {}
-                for name, recs, summary in evaluate_agents(extra, model, tok, sb, params.sampling, cfg.num_samples,
-                                                           cfg.seed, cfg.batch_size, iv, turns=turns):  # fmt: skip
-                    out[name], recs_t[name] = summary, recs
-                    write_jsonl(f"reports/eval/transfer/{path.stem}_{name}.jsonl", recs)
-                    log_metrics({f"transfer/{path.stem}/{name}/{k}": v for k, v in summary.items()})
-                report["transfer"][path.stem] = {
-                    "problems": len(extra),
-                    "methods": out,
-                    "trained_minus_base": trained_minus_base(recs_t["base"], recs_t["magrpo"], iv),
-                }
-        # the validation split (evaluate.val): the split `orchestry tune` optimises, never the test split
-        if cfg.val:
-            val = read_problems("data/problems/val.jsonl")
-            out_v: dict[str, dict] = {}
-            recs_v: dict[str, list[dict]] = {}
-            with open_sandbox(params) as sb:
-                if workflow:
-                    pairs_v = evaluate_workflow(
-                        val, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed, iv
-                    )
-                else:
-                    pairs_v = evaluate_agents(val, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed,
-                                              cfg.batch_size, iv, turns=turns)  # fmt: skip
-                for name, recs, summary in pairs_v:
-                    out_v[name], recs_v[name] = summary, recs
-                    write_jsonl(f"reports/eval/val/{name}.jsonl", recs)
-                    log_metrics({f"val/{name}/{k}": v for k, v in summary.items()})
-            report["val"] = {
-                "problems": len(val),
-                "methods": out_v,
-                "trained_minus_base": trained_minus_base(recs_v["base"], recs_v["magrpo"], iv),
+            for path in sorted(Path("reports/baselines").glob("*.jsonl")):
+                recs = read_jsonl(path)
+                ks_b = sorted({1, params.baselines.num_samples})
+                methods[f"baseline_{path.stem}"] = summarize(recs, ks_b, iv.confidence, iv.resamples)
+                log_samples_table(recs, f"samples/eval_baseline_{path.stem}.json")
+            report = {
+                "test_problems": len(problems),
+                "turns": turns,
+                # trained - base on the same problems, paired, bootstrap over problems (the learning claim)
+                "trained_minus_base": trained_minus_base(records["base"], records["magrpo"], iv),
+                "samples_per_problem": cfg.num_samples,
+                "intervals": iv.model_dump(),  # the level the figures state is read from here
+                "methods": methods,
             }
+            # transfer: the same base and trained pairs on each extra evaluation set (prepare.transfer)
+            report["transfer"] = {}
+            for path in [] if workflow else sorted(Path("data/problems/transfer").glob("*.jsonl")):
+                extra = read_problems(path)[: cfg.max_problems_transfer]
+                pairs = score_pairs(extra, model, tok, sb, params, turns, workflow)
+                report["transfer"][path.stem] = extra_set(
+                    pairs,
+                    f"reports/eval/transfer/{path.stem}_{{name}}.jsonl",
+                    f"transfer/{path.stem}",
+                    len(extra),
+                    iv,
+                )
+            # the validation split (evaluate.val): the split `orchestry tune` optimises, never the test split
+            if cfg.val:
+                val = read_problems("data/problems/val.jsonl")
+                pairs = score_pairs(val, model, tok, sb, params, turns, workflow)
+                report["val"] = extra_set(pairs, "reports/eval/val/{name}.jsonl", "val", len(val), iv)
         api = Path("reports/api_grpo/summary.json")
         if api.exists():
             report["api_grpo"] = json.loads(api.read_text())
