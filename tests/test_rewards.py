@@ -503,11 +503,11 @@ def test_truncated_flag_is_passed_through(sandbox) -> None:
     assert (rs[0].structure, rs[0].syntax, rs[0].tests, rs[0].cooperation) == (1.0, 0.5, 1.0, 1.5)
     assert rs[0].format_paid is False and rs[0].total == 2.5 and has_reason(rs[0], "cut answer")
     assert rs[0].to_dict()["total"] == 2.5
-    zero = level_rewards([TINY], [AUX_DOUBLE], [COMPREHENSION], sandbox, RewardConfig(zero_if_truncated=True),
+    zero = level_rewards([TINY], [AUX_DOUBLE], [COMPREHENSION], sandbox, RewardConfig(cut_answers="zero"),
                          truncated=[True])  # fmt: skip
     assert (zero[0].structure, zero[0].syntax, zero[0].tests, zero[0].cooperation, zero[0].total) == (0,) * 5
     assert has_reason(zero[0], "truncated") and zero[0].aux_called  # the ungated facts are still recorded
-    paid = level_rewards([TINY], [AUX_DOUBLE], [COMPREHENSION], sandbox, RewardConfig(cut_pays_format=True),
+    paid = level_rewards([TINY], [AUX_DOUBLE], [COMPREHENSION], sandbox, RewardConfig(cut_answers="paid"),
                          truncated=[True])  # fmt: skip
     assert paid[0].total == 4.0 and paid[0].truncated is True  # the switch: a flag only
     with pytest.raises(ValueError, match="one flag per sample"):

@@ -16,7 +16,7 @@ Source: MAGRPO paper (arXiv 2508.04652, code-generation reward) and the authors'
 Two deliberate differences from the paper's reward, both on by default (:class:`RewardConfig`): the structure
 and syntax points are paid only to a program that passes at least one assert (``format_needs_a_pass``; the
 levels are still recorded), and a sample cut at the token limit is scored on its finished statements without
-the structure and syntax points (``cut_pays_format`` off). Without them a weak policy is paid for short
+the structure and syntax points (``cut_answers``). Without them a weak policy is paid for short
 well-formed wrong code and for never finishing.
 
 Alongside the gated levels, every sample gets ungated collaboration facts that can move long before a pair
@@ -45,7 +45,7 @@ import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from orchestry.code_ast import AuxCallInfo, safe_parse, top_level_function
 from orchestry.problems import Problem
@@ -184,17 +184,17 @@ class RewardConfig:
             mean reward from 1.02 to 1.43 while its pass@1 fell from 0.062 to 0.016 (one-line bodies such as
             ``return xs ** 2``). With the gate, a wrong program earns 0 however well-formed, so the reward
             rises only with correctness (partial: passed/total asserts) and cooperation.
-        cut_pays_format: the structure and syntax points of a sample whose completion hit the token limit
-            (``truncated=`` flags). Off by default: a cut answer is scored on its finished statements only
-            (:func:`extract_code` drops the unfinished tail of an unclosed block), so it can earn its asserts
-            and cooperation but never the format points, which complete answers can earn. Without this rule a
-            cut answer kept the structure points of the function it was cut in (a broken function still
-            counts as defined) and a policy learned to never stop. Nothing in the reward grows with length,
-            and stopping is worth the format points (DAPO, arXiv 2503.14476, penalises overlong samples).
-        zero_if_truncated: stricter (off by default): a cut sample scores 0 at every level, with a reason,
-            even when its finished functions pass (the rule of earlier versions: measured on the generated
-            test split, it scored 0 a quarter of the base pair's samples that were correct before the cut).
-            The ungated collaboration facts and the scheme are still recorded.
+        cut_answers: how a sample whose completion hit the token limit (``truncated=`` flags) is paid.
+            ``finished_part`` (default): scored on its finished statements only (:func:`extract_code` drops
+            the unfinished tail of an unclosed block), so it can earn its asserts and cooperation but never
+            the format points, which complete answers can earn; nothing in the reward grows with length, and
+            stopping is worth the format points (DAPO, arXiv 2503.14476, penalises overlong samples).
+            ``zero``: 0 at every level, with a reason, even when its finished functions pass (the rule of
+            earlier versions: on the generated test split it scored 0 a quarter of the base pair's samples
+            that were correct before the cut); the ungated collaboration facts and the scheme are still
+            recorded. ``paid``: like a complete answer. Before either rule a cut answer kept the structure
+            points of the function it was cut in (a broken function still counts as defined) and a policy
+            learned to never stop.
     """
 
     aux_defined_returns: float = 0.4
@@ -206,8 +206,7 @@ class RewardConfig:
     ignored_return: float = -0.5
     aux_name: str = "aux"
     max_answer_chars: int = MAX_ANSWER_CHARS
-    zero_if_truncated: bool = False
-    cut_pays_format: bool = False
+    cut_answers: Literal["finished_part", "zero", "paid"] = "finished_part"
     format_needs_a_pass: bool = True
 
     @property
@@ -250,7 +249,7 @@ class LevelReward:
             the caller (``truncated=`` of :func:`level_rewards`); ``None``: not known.
         format_paid: the structure and syntax points count in :attr:`total`. False when
             :attr:`RewardConfig.format_needs_a_pass` holds and no assert passed, or a completion was cut at
-            the token limit (:attr:`RewardConfig.cut_pays_format` off): ``structure`` and ``syntax`` still
+            the token limit (:attr:`RewardConfig.cut_answers` ``finished_part``): ``structure`` and ``syntax`` still
             record what the code reached (diagnostics), the reward pays only tests and cooperation.
         reasons: one line per lost point, prefixed by ``helper:``/``main:``/``syntax:``/``tests:``/
             ``cooperation:``.
@@ -618,7 +617,7 @@ def _score(
                 total_asserts=len(problem.asserts), reasons=[f"internal: {type(e).__name__}: {e}"]
             )
             states.append(_Pending(problem=problem, reward=bad))
-    if truncated is not None and config.zero_if_truncated:
+    if truncated is not None and config.cut_answers == "zero":
         for st, flag in zip(states, truncated, strict=True):
             if flag:
                 st.reward.structure = st.reward.syntax = 0.0
@@ -633,7 +632,7 @@ def _score(
             st.reward.reasons.append(
                 "format: structure and syntax points are paid only with a passing assert"
             )
-        elif truncated is not None and truncated[k] and not config.cut_pays_format:
+        elif truncated is not None and truncated[k] and config.cut_answers == "finished_part":
             st.reward.format_paid = False
             st.reward.reasons.append("format: a cut answer earns no structure and syntax points")
     if pair:
