@@ -32,6 +32,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from orchestry.code_ast import safe_parse, top_level_function
 from orchestry.problems import Problem
 from orchestry.rewards.code import extract_code
 from orchestry.sandbox import Job
@@ -76,19 +77,14 @@ def {_RUNNER_NAME}(name):
 _RETURNS = re.compile(r"\b(returns?|returned|yields?)\b", re.IGNORECASE)
 
 
-def _parse(code: str) -> ast.Module | None:
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError):
-        return None
-
-
 def _function(tree: ast.Module | None, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    found = None
-    for node in tree.body if tree is not None else []:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-            found = node
-    return found
+    """The last top-level ``def name`` of ``tree`` (``None`` without a tree, e.g. code that does not parse)."""
+    return top_level_function(tree, name) if tree is not None else None
+
+
+def _original(problem: Problem) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The problem's reference function (prompt + canonical solution), ``None`` if they do not define it."""
+    return _function(safe_parse(problem.prompt + problem.canonical_solution), problem.entry_point)
 
 
 def _strip_docstrings(node: ast.AST) -> ast.AST:
@@ -124,8 +120,7 @@ def undocumented(problem: Problem) -> str:
     """
     if not problem.canonical_solution.strip():
         raise ValueError(f"{problem.task_id}: no canonical solution to document")
-    tree = _parse(problem.prompt + problem.canonical_solution)
-    fn = _function(tree, problem.entry_point)
+    fn = _original(problem)
     if fn is None:
         raise ValueError(
             f"{problem.task_id}: prompt + canonical solution does not define {problem.entry_point}"
@@ -310,7 +305,7 @@ class Documentation:
     def _static(self, problem: Problem, answer: str) -> tuple[dict, Job | None, list[int]]:
         """Parts known without running code, and the doctest job (or None)."""
         code = extract_code(answer)[0] if answer else ""
-        tree = _parse(code) if code else None
+        tree = safe_parse(code) if code else None
         fn = _function(tree, problem.entry_point)
         zero = dict.fromkeys(self.reward_parts, 0.0)
         if fn is None:
@@ -324,7 +319,7 @@ class Documentation:
                 None,
                 [],
             )
-        original = _function(_parse(problem.prompt + problem.canonical_solution), problem.entry_point)
+        original = _original(problem)
         body = [n for n in tree.body if not _is_docstring(n)] if tree is not None else []
         # the answer is the function and nothing else (no other code that could run before the doctests)
         unchanged = (
@@ -413,13 +408,13 @@ class Documentation:
         writer, reviewer, editor = turns[0], turns[1], turns[2]
 
         def doc_of(text: str) -> str:
-            fn = _function(_parse(extract_code(text)[0]), problem.entry_point)
+            fn = _function(safe_parse(extract_code(text)[0]), problem.entry_point)
             return (ast.get_docstring(fn) or "") if fn is not None else ""
 
         w_doc, e_doc = doc_of(writer.text), doc_of(editor.text)
         fences = editor.text.count("```")
         after = editor.text.rsplit("```", 1)[-1] if fences >= 2 else ""
-        fn = _function(_parse(problem.prompt + problem.canonical_solution), problem.entry_point)
+        fn = _original(problem)
         names = parameters(fn) if fn is not None else []
         return {
             "writer_examples": float(checked_examples(w_doc)[0]),
