@@ -302,7 +302,7 @@ class Documentation:
         raise ValueError(f"{self.name} has {len(self.roles)} turns; got a transcript of {len(turns)}")
 
     # ---- reward ------------------------------------------------------------------------------------------------
-    def _static(self, problem: Problem, answer: str) -> tuple[dict, Job | None, list[int]]:
+    def _static(self, problem: Problem, answer: str) -> tuple[dict, Job | None]:
         """Parts known without running code, and the doctest job (or None)."""
         code = extract_code(answer)[0] if answer else ""
         tree = safe_parse(code) if code else None
@@ -317,7 +317,6 @@ class Documentation:
                     "reasons": ["no function " + problem.entry_point],
                 },
                 None,
-                [],
             )
         original = _original(problem)
         body = [n for n in tree.body if not _is_docstring(n)] if tree is not None else []
@@ -334,7 +333,7 @@ class Documentation:
         described = [n for n in names if describes(text, n)]
         params = len(described) / len(names) if names else 1.0
         returns = float(bool(_RETURNS.search(text))) if returns_value(fn) else 1.0
-        n_examples, checked = checked_examples(doc)
+        _, checked = checked_examples(doc)
         reasons = []
         if not unchanged:
             reasons.append(
@@ -355,7 +354,7 @@ class Documentation:
             program = (problem.context + "\n" if problem.context else "") + code + DOCTEST_RUNNER
             asserts = tuple(f"assert {_RUNNER_NAME}({problem.entry_point!r})[{i}] is True" for i in checked)
             job = Job(program=program, asserts=asserts)
-        return info, job, checked
+        return info, job
 
     def _finish(self, info: dict) -> dict:
         if self.params.require_unchanged and not info["unchanged"]:
@@ -377,7 +376,7 @@ class Documentation:
                 todo[k] = (p, a)
         pending = []
         for k, (p, a) in todo.items():
-            info, job, _ = self._static(p, a)
+            info, job = self._static(p, a)
             if job is None:
                 self._memo[k] = self._finish(info)
             else:
