@@ -96,6 +96,18 @@ def test_each_bad_answer_scores_lower(bad: str, part: str) -> None:
     assert any(reason.startswith(part) for reason in worse["reasons"]), worse["reasons"]
 
 
+def test_the_judge_is_told_the_checked_reward() -> None:
+    task = ResearchSynthesis(ApiGrpoResearchParams(length_weight=1.0))
+    assert (
+        task.weights == {"cited": 1.0, "valid": 1.0, "coverage": 1.0, "length": 1.0}
+        and task.max_reward == 4.0
+    )
+    r = task.check(B, GOOD.replace("[P3]", "[P3, P7]"))
+    assert task.result_line(r) == (
+        "checked reward 3.75 of 4.00 (cited 1.00, valid 0.75, coverage 1.00, length 1.00); valid: no such passage P7"
+    )
+
+
 def test_claims_citations_prompts_and_items(tmp_path) -> None:
     assert claims("One two three [P1].\nshort\n- a list item here [P2]") == [
         "One two three [P1].",

@@ -80,6 +80,16 @@ def test_point_of_view_ignores_dialogue_and_weights_apply() -> None:
     assert task.check(SPEC, GOOD_FIRST.replace("river", "sea"))["total"] == pytest.approx(1.0 + 0.5 + 0.5)
 
 
+def test_the_judge_is_told_the_checked_story_reward() -> None:
+    task = Story(ApiGrpoStoryParams(title_weight=2.0))
+    assert task.weights == {"length": 1.0, "words": 1.0, "pov": 1.0, "title": 2.0} and task.max_reward == 5.0
+    r = task.check(SPEC, GOOD_FIRST.replace("lantern", "lamp"))
+    assert task.result_line(r) == (
+        "checked reward 4.50 of 5.00 (length 1.00, words 0.50, pov 1.00, title 1.00); words: missing lantern"
+    )
+    assert task.result_line(task.check(SPEC, GOOD_FIRST)).endswith("title 1.00)")  # no reasons, no "; "
+
+
 def test_story_specs_and_prompts() -> None:
     a = story_specs(16, "train", 2, 30, 80, seed=0)
     assert a == story_specs(16, "train", 2, 30, 80, seed=0) and a != story_specs(
@@ -181,6 +191,16 @@ def test_each_bad_documentation_scores_lower(sandbox, case: str) -> None:
         assert worse["total"] == 0.0
     if case == "a failing doctest":
         assert worse["doctests"] == 0.5 and worse["doctests_passed"] == 1
+
+
+def test_the_judge_is_told_the_checked_documentation_reward(sandbox) -> None:
+    task = Documentation(ApiGrpoDocumentationParams(params_weight=1.0))
+    assert task.weights == {"unchanged": 0.25, "doctests": 1.0, "params": 1.0, "returns": 0.25}
+    (r,) = task.score([COUNT], [_doc_turns(BAD_DOCS["a failing doctest"][0])], sandbox)
+    line = task.result_line(r)
+    assert line.startswith(
+        "checked reward 2.00 of 2.50 (unchanged 1.00, doctests 0.50, params 1.00, returns 1.00); doctests: 1/2 pass"
+    ), line
 
 
 def test_extra_code_in_the_answer_is_a_change_and_its_doctests_do_not_run(sandbox) -> None:

@@ -36,7 +36,7 @@ from orchestry.code_ast import safe_parse, top_level_function
 from orchestry.problems import Problem
 from orchestry.rewards.code import extract_code
 from orchestry.sandbox import Job
-from orchestry.tasks.common import Turn, with_guidelines
+from orchestry.tasks.common import Turn, checked_result_line, part_weights, with_guidelines
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoDocumentationParams
@@ -200,12 +200,7 @@ class Documentation:
 
             params = ApiGrpoDocumentationParams()
         self.params = params
-        self.weights = {
-            "unchanged": params.unchanged_weight,
-            "doctests": params.doctests_weight,
-            "params": params.params_weight,
-            "returns": params.returns_weight,
-        }
+        self.weights = part_weights(params, self.reward_parts)
         self.max_reward = sum(self.weights.values())
         self._memo: dict[tuple[str, str], dict] = {}
         self.feature_guides: dict[str, tuple[str, str | None, str | None]] = {
@@ -396,11 +391,7 @@ class Documentation:
 
     def result_line(self, reward: Mapping) -> str:
         """What the judge is told about the checked reward."""
-        parts = ", ".join(f"{k} {reward.get(k, 0):.2f}" for k in self.reward_parts)
-        reasons = "; ".join(reward.get("reasons", [])[:3])
-        return f"checked reward {reward.get('total', 0):.2f} of {self.max_reward:.2f} ({parts})" + (
-            f"; {reasons}" if reasons else ""
-        )
+        return checked_result_line(reward, self.reward_parts, self.max_reward)
 
     def features(self, problem: Problem, turns: Sequence[Turn], reward: Mapping) -> dict[str, float]:
         """Examples and sections of the docstrings, fences and prose of the editor, what the review mentions."""
