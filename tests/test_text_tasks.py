@@ -80,6 +80,17 @@ def test_point_of_view_ignores_dialogue_and_weights_apply() -> None:
     assert task.check(SPEC, GOOD_FIRST.replace("river", "sea"))["total"] == pytest.approx(1.0 + 0.5 + 0.5)
 
 
+def test_a_fence_is_unwrapped_and_a_preamble_is_part_of_the_story() -> None:
+    task = Story()
+    assert task.check(SPEC, "```\n" + GOOD_FIRST + "\n```") == task.check(SPEC, GOOD_FIRST)
+    with_preamble = task.check(SPEC, "Here is the story:\n" + GOOD_FIRST)
+    assert with_preamble["word_count"] == task.check(SPEC, GOOD_FIRST)["word_count"] + 4
+    f = task.features(
+        SPEC, (Turn("writer", "", "", GOOD_FIRST), Turn("editor", "", "", "Here is it:\n" + GOOD_FIRST)), {}
+    )
+    assert f["editor_preamble"] == 1.0 and f["editor_has_title"] == 1.0
+
+
 def test_the_judge_is_told_the_checked_story_reward() -> None:
     task = Story(ApiGrpoStoryParams(title_weight=2.0))
     assert task.weights == {"length": 1.0, "words": 1.0, "pov": 1.0, "title": 2.0} and task.max_reward == 5.0

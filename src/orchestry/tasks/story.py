@@ -172,7 +172,8 @@ def pov_ok(text: str, pov: str) -> bool:
 
 
 def _story_text(answer: str) -> str:
-    """The story in an answer: the text without a surrounding ``` fence and a leading 'Here is...' line."""
+    """The story in an answer: the text without a surrounding ``` fence. A preamble ('Here is...') is kept: it
+    counts as story words (``length``) and is what the ``editor_preamble`` feature sees."""
     text = (answer or "").strip()
     fenced = re.fullmatch(r"```[a-zA-Z]*\n(.*?)\n?```", text, re.DOTALL)
     return fenced.group(1).strip() if fenced else text
