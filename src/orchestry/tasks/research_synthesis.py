@@ -200,7 +200,7 @@ class ResearchSynthesis:
         words = len((answer or "").split())
         parts = {
             "cited": len(supported) / len(cs) if cs else 0.0,
-            "valid": (len(cites) - sum(c in invented for c in cites)) / len(cites) if cites else 0.0,
+            "valid": sum(c in ids for c in cites) / len(cites) if cites else 0.0,
             "coverage": len(ids & set(cites)) / len(ids),
             "length": float(1 <= words <= self.params.max_words),
         }
