@@ -97,6 +97,8 @@ def test_each_bad_answer_scores_lower(bad: str, part: str) -> None:
 
 
 def test_the_judge_is_told_the_checked_reward() -> None:
+    with pytest.raises(ValueError, match="at least one weight"):
+        ApiGrpoResearchParams(**{f"{k}_weight": 0.0 for k in ResearchSynthesis.reward_parts})
     task = ResearchSynthesis(ApiGrpoResearchParams(length_weight=1.0))
     assert (
         task.weights == {"cited": 1.0, "valid": 1.0, "coverage": 1.0, "length": 1.0}

@@ -116,6 +116,14 @@ def test_story_specs_and_prompts() -> None:
         story_specs(1, "train", 2, 90, 80)
     with pytest.raises(ValueError, match="min_words"):
         ApiGrpoStoryParams(min_words=90, max_words=80)
+    zero = {f"{k}_weight": 0.0 for k in Story.reward_parts}
+    with pytest.raises(ValueError, match="at least one weight"):
+        ApiGrpoStoryParams(**zero)
+    with pytest.raises(ValueError, match="min_words"):  # the range is checked first
+        ApiGrpoStoryParams(min_words=90, max_words=80, **zero)
+    with pytest.raises(ValueError, match="at least one weight"):
+        ApiGrpoDocumentationParams(**{f"{k}_weight": 0.0 for k in Documentation.reward_parts})
+    assert Story(ApiGrpoStoryParams(**{**zero, "pov_weight": 0.5})).max_reward == 0.5
     task = Story()
     system, user = task.messages(SPEC, [], {"writer": "- Be vivid."})
     assert '"lantern", "river"' in user and "first person" in user and "Be vivid." in user
