@@ -155,8 +155,16 @@ def test_research_run_through_the_anthropic_sdk(tmp_path, monkeypatch) -> None:
         summary = run_api_grpo(cfg, SamplingParams(), [], [], lambda: Sandbox(max_workers=1), tmp_path / "out",
                                progress=False)  # fmt: skip
     assert summary["task"] == "research_synthesis" and summary["max_reward"] == 3.5
-    ep = json.loads((tmp_path / "out" / "episodes.jsonl").read_text().splitlines()[0])
+    eps = [json.loads(x) for x in (tmp_path / "out" / "episodes.jsonl").read_text().splitlines()]
+    ep = eps[0]
     traj = ep["trajectories"][0]
+    train = [e for e in eps if e["phase"] == "train"]
+    assert summary["train"]["mean_selected_parts"] == pytest.approx(
+        {
+            k: sum(e["trajectories"][e["selected"]]["reward"][k] for e in train) / len(train)
+            for k in ResearchSynthesis.reward_parts
+        }
+    )
     assert [t["role"] for t in traj["turns"]] == ["researcher_a", "researcher_b", "synthesiser"]
     assert traj["reward"]["total"] == pytest.approx(3.5), traj["reward"]["reasons"]
     assert set(summary["eval"]["parts"]) == {"cited", "valid", "coverage", "length"}
