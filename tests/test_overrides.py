@@ -130,6 +130,16 @@ def test_orchestrator_episodes_are_reviewable(tmp_path) -> None:
     assert o.score == 4.0 and o.who == "ann" and read_overrides(f)[oid].note == "fine"
     with pytest.raises(OverrideError, match=r"out of range \[0, 4\]"):
         set_override(f, oid, "4.5", root=tmp_path)
+    path.write_text(json.dumps(rec) + "\n\n{broken\n")  # the reports are read as strictly as the file
+    with pytest.raises(OverrideError, match=r"transcripts.jsonl:3: not JSON"):
+        load_reviewables(tmp_path)
+
+
+def test_orchestrator_max_score_is_the_level_rewards_maximum() -> None:
+    from orchestry.overrides import ORCHESTRATOR_MAX_REWARD
+    from orchestry.rewards.code import RewardConfig
+
+    assert RewardConfig().max_total == ORCHESTRATOR_MAX_REWARD
 
 
 # ---- the commands ----------------------------------------------------------------------------------------------

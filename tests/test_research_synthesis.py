@@ -96,6 +96,20 @@ def test_each_bad_answer_scores_lower(bad: str, part: str) -> None:
     assert any(reason.startswith(part) for reason in worse["reasons"]), worse["reasons"]
 
 
+def test_the_judge_is_told_the_checked_reward() -> None:
+    with pytest.raises(ValueError, match="at least one weight"):
+        ApiGrpoResearchParams(**{f"{k}_weight": 0.0 for k in ResearchSynthesis.reward_parts})
+    task = ResearchSynthesis(ApiGrpoResearchParams(length_weight=1.0))
+    assert (
+        task.weights == {"cited": 1.0, "valid": 1.0, "coverage": 1.0, "length": 1.0}
+        and task.max_reward == 4.0
+    )
+    r = task.check(B, GOOD.replace("[P3]", "[P3, P7]"))
+    assert task.result_line(r) == (
+        "checked reward 3.75 of 4.00 (cited 1.00, valid 0.75, coverage 1.00, length 1.00); valid: no such passage P7"
+    )
+
+
 def test_claims_citations_prompts_and_items(tmp_path) -> None:
     assert claims("One two three [P1].\nshort\n- a list item here [P2]") == [
         "One two three [P1].",
@@ -141,8 +155,16 @@ def test_research_run_through_the_anthropic_sdk(tmp_path, monkeypatch) -> None:
         summary = run_api_grpo(cfg, SamplingParams(), [], [], lambda: Sandbox(max_workers=1), tmp_path / "out",
                                progress=False)  # fmt: skip
     assert summary["task"] == "research_synthesis" and summary["max_reward"] == 3.5
-    ep = json.loads((tmp_path / "out" / "episodes.jsonl").read_text().splitlines()[0])
+    eps = [json.loads(x) for x in (tmp_path / "out" / "episodes.jsonl").read_text().splitlines()]
+    ep = eps[0]
     traj = ep["trajectories"][0]
+    train = [e for e in eps if e["phase"] == "train"]
+    assert summary["train"]["mean_selected_parts"] == pytest.approx(
+        {
+            k: sum(e["trajectories"][e["selected"]]["reward"][k] for e in train) / len(train)
+            for k in ResearchSynthesis.reward_parts
+        }
+    )
     assert [t["role"] for t in traj["turns"]] == ["researcher_a", "researcher_b", "synthesiser"]
     assert traj["reward"]["total"] == pytest.approx(3.5), traj["reward"]["reasons"]
     assert set(summary["eval"]["parts"]) == {"cited", "valid", "coverage", "length"}

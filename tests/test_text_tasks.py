@@ -80,6 +80,27 @@ def test_point_of_view_ignores_dialogue_and_weights_apply() -> None:
     assert task.check(SPEC, GOOD_FIRST.replace("river", "sea"))["total"] == pytest.approx(1.0 + 0.5 + 0.5)
 
 
+def test_a_fence_is_unwrapped_and_a_preamble_is_part_of_the_story() -> None:
+    task = Story()
+    assert task.check(SPEC, "```\n" + GOOD_FIRST + "\n```") == task.check(SPEC, GOOD_FIRST)
+    with_preamble = task.check(SPEC, "Here is the story:\n" + GOOD_FIRST)
+    assert with_preamble["word_count"] == task.check(SPEC, GOOD_FIRST)["word_count"] + 4
+    f = task.features(
+        SPEC, (Turn("writer", "", "", GOOD_FIRST), Turn("editor", "", "", "Here is it:\n" + GOOD_FIRST)), {}
+    )
+    assert f["editor_preamble"] == 1.0 and f["editor_has_title"] == 1.0
+
+
+def test_the_judge_is_told_the_checked_story_reward() -> None:
+    task = Story(ApiGrpoStoryParams(title_weight=2.0))
+    assert task.weights == {"length": 1.0, "words": 1.0, "pov": 1.0, "title": 2.0} and task.max_reward == 5.0
+    r = task.check(SPEC, GOOD_FIRST.replace("lantern", "lamp"))
+    assert task.result_line(r) == (
+        "checked reward 4.50 of 5.00 (length 1.00, words 0.50, pov 1.00, title 1.00); words: missing lantern"
+    )
+    assert task.result_line(task.check(SPEC, GOOD_FIRST)).endswith("title 1.00)")  # no reasons, no "; "
+
+
 def test_story_specs_and_prompts() -> None:
     a = story_specs(16, "train", 2, 30, 80, seed=0)
     assert a == story_specs(16, "train", 2, 30, 80, seed=0) and a != story_specs(
@@ -95,6 +116,14 @@ def test_story_specs_and_prompts() -> None:
         story_specs(1, "train", 2, 90, 80)
     with pytest.raises(ValueError, match="min_words"):
         ApiGrpoStoryParams(min_words=90, max_words=80)
+    zero = {f"{k}_weight": 0.0 for k in Story.reward_parts}
+    with pytest.raises(ValueError, match="at least one weight"):
+        ApiGrpoStoryParams(**zero)
+    with pytest.raises(ValueError, match="min_words"):  # the range is checked first
+        ApiGrpoStoryParams(min_words=90, max_words=80, **zero)
+    with pytest.raises(ValueError, match="at least one weight"):
+        ApiGrpoDocumentationParams(**{f"{k}_weight": 0.0 for k in Documentation.reward_parts})
+    assert Story(ApiGrpoStoryParams(**{**zero, "pov_weight": 0.5})).max_reward == 0.5
     task = Story()
     system, user = task.messages(SPEC, [], {"writer": "- Be vivid."})
     assert '"lantern", "river"' in user and "first person" in user and "Be vivid." in user
@@ -181,6 +210,16 @@ def test_each_bad_documentation_scores_lower(sandbox, case: str) -> None:
         assert worse["total"] == 0.0
     if case == "a failing doctest":
         assert worse["doctests"] == 0.5 and worse["doctests_passed"] == 1
+
+
+def test_the_judge_is_told_the_checked_documentation_reward(sandbox) -> None:
+    task = Documentation(ApiGrpoDocumentationParams(params_weight=1.0))
+    assert task.weights == {"unchanged": 0.25, "doctests": 1.0, "params": 1.0, "returns": 0.25}
+    (r,) = task.score([COUNT], [_doc_turns(BAD_DOCS["a failing doctest"][0])], sandbox)
+    line = task.result_line(r)
+    assert line.startswith(
+        "checked reward 2.00 of 2.50 (unchanged 1.00, doctests 0.50, params 1.00, returns 1.00); doctests: 1/2 pass"
+    ), line
 
 
 def test_extra_code_in_the_answer_is_a_change_and_its_doctests_do_not_run(sandbox) -> None:

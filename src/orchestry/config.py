@@ -344,6 +344,12 @@ class ApiGrpoJudgeParams(_Section):
     max_tokens: int = Field(64, ge=8, le=4096)
 
 
+def _require_some_weight(section: _Section) -> None:
+    """Raises ValueError unless one of the ``*_weight`` fields (a checked reward's part weights) is > 0."""
+    if sum(v for k, v in section if k.endswith("_weight")) <= 0:
+        raise ValueError("at least one weight must be > 0")
+
+
 class ApiGrpoStoryParams(_Section):
     """``api_grpo.task: story`` (writer -> editor): generated story specs and the checkable reward's weights."""
 
@@ -362,8 +368,7 @@ class ApiGrpoStoryParams(_Section):
     def _range(self) -> ApiGrpoStoryParams:
         if self.min_words > self.max_words:
             raise ValueError(f"min_words ({self.min_words}) > max_words ({self.max_words})")
-        if self.length_weight + self.words_weight + self.pov_weight + self.title_weight <= 0:
-            raise ValueError("at least one weight must be > 0")
+        _require_some_weight(self)
         return self
 
 
@@ -380,8 +385,7 @@ class ApiGrpoDocumentationParams(_Section):
 
     @model_validator(mode="after")
     def _some_weight(self) -> ApiGrpoDocumentationParams:
-        if self.doctests_weight + self.params_weight + self.returns_weight + self.unchanged_weight <= 0:
-            raise ValueError("at least one weight must be > 0")
+        _require_some_weight(self)
         return self
 
 
@@ -400,8 +404,7 @@ class ApiGrpoResearchParams(_Section):
 
     @model_validator(mode="after")
     def _some_weight(self) -> ApiGrpoResearchParams:
-        if self.cited_weight + self.valid_weight + self.coverage_weight + self.length_weight <= 0:
-            raise ValueError("at least one weight must be > 0")
+        _require_some_weight(self)
         return self
 
 

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 OVERRIDES_PATH = "data/overrides.jsonl"
 API_GRPO_EPISODES = "reports/api_grpo/episodes.jsonl"
@@ -98,6 +99,24 @@ def orchestrator_episode_id(record: Mapping) -> str:
 
 
 # ---- the file ---------------------------------------------------------------------------------------------------
+def _json_lines(path: Path) -> list[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of a JSONL file; a missing file has none.
+
+    Raises:
+        OverrideError: a line that is not JSON (the message names the file and line).
+    """
+    if not path.exists():
+        return []
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise OverrideError(f"{path}:{n}: not JSON ({e.msg})") from None
+    return out
+
+
 def read_overrides(path: str | Path = OVERRIDES_PATH) -> dict[str, Override]:
     """``{id: Override}`` from the file; a missing or empty file is no overrides.
 
@@ -106,16 +125,8 @@ def read_overrides(path: str | Path = OVERRIDES_PATH) -> dict[str, Override]:
             (the message names the file and line), or an id twice.
     """
     p = Path(path)
-    if not p.exists():
-        return {}
     out: dict[str, Override] = {}
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise OverrideError(f"{p}:{n}: not JSON ({e.msg})") from None
+    for n, d in _json_lines(p):
         score = d.get("score") if isinstance(d, dict) else None
         if (
             not isinstance(d, dict)
@@ -171,19 +182,6 @@ def who_am_i() -> str:
 
 
 # ---- what can be reviewed ---------------------------------------------------------------------------------------
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise OverrideError(f"{path}:{n}: not JSON ({e.msg})") from None
-    return out
-
-
 def load_reviewables(root: str | Path = ".") -> dict[str, Reviewable]:
     """Every complete API-GRPO trajectory and orchestrator episode in the reports under ``root``, by id.
 
@@ -199,7 +197,7 @@ def load_reviewables(root: str | Path = ".") -> dict[str, Reviewable]:
             summary_max = json.loads((root / API_GRPO_SUMMARY).read_text()).get("max_reward")
         except json.JSONDecodeError:
             summary_max = None
-    for rec in _jsonl(root / API_GRPO_EPISODES):
+    for _, rec in _json_lines(root / API_GRPO_EPISODES):
         max_score = float(rec.get("max_reward") or summary_max or 0.0)
         for t in rec.get("trajectories", []):
             turns = [(x.get("role", ""), x.get("text", "")) for x in t.get("turns", [])]
@@ -217,7 +215,7 @@ def load_reviewables(root: str | Path = ".") -> dict[str, Reviewable]:
                 turns,
                 {k: v for k, v in reward.items() if k not in ("override",)},
             )
-    for rec in _jsonl(root / ORCHESTRATOR_TRANSCRIPTS):
+    for _, rec in _json_lines(root / ORCHESTRATOR_TRANSCRIPTS):
         oid = orchestrator_episode_id(rec)
         steps = [(s.get("agent", ""), s.get("text", "")) for s in rec.get("steps", [])]
         items[oid] = Reviewable(

@@ -86,6 +86,22 @@ def with_guidelines(text: str, behaviors: str) -> str:
     return text + (GUIDELINES_HEADER + behaviors if behaviors else "")
 
 
+def part_weights(params: object, parts: Sequence[str]) -> dict[str, float]:
+    """The weights of a checked reward's parts, in ``parts`` order: ``{part: params.<part>_weight}`` (the
+    ``api_grpo.story``/``documentation``/``research`` params name them so)."""
+    return {k: getattr(params, f"{k}_weight") for k in parts}
+
+
+def checked_result_line(reward: Mapping, parts: Sequence[str], max_reward: float) -> str:
+    """What the judge is told about a checked reward: its total of ``max_reward``, each part (0-1) and the
+    first three ``reasons``."""
+    shown = ", ".join(f"{k} {reward.get(k, 0):.2f}" for k in parts)
+    reasons = "; ".join(reward.get("reasons", [])[:3])
+    return f"checked reward {reward.get('total', 0):.2f} of {max_reward:.2f} ({shown})" + (
+        f"; {reasons}" if reasons else ""
+    )
+
+
 _FENCE_LINE = re.compile(r"^[ \t]*```", re.MULTILINE)
 
 

@@ -32,10 +32,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from orchestry.code_ast import safe_parse, top_level_function
 from orchestry.problems import Problem
 from orchestry.rewards.code import extract_code
 from orchestry.sandbox import Job
-from orchestry.tasks.common import Turn, with_guidelines
+from orchestry.tasks.common import Turn, checked_result_line, part_weights, with_guidelines
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoDocumentationParams
@@ -76,19 +77,14 @@ def {_RUNNER_NAME}(name):
 _RETURNS = re.compile(r"\b(returns?|returned|yields?)\b", re.IGNORECASE)
 
 
-def _parse(code: str) -> ast.Module | None:
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError):
-        return None
-
-
 def _function(tree: ast.Module | None, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    found = None
-    for node in tree.body if tree is not None else []:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-            found = node
-    return found
+    """The last top-level ``def name`` of ``tree`` (``None`` without a tree, e.g. code that does not parse)."""
+    return top_level_function(tree, name) if tree is not None else None
+
+
+def _original(problem: Problem) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The problem's reference function (prompt + canonical solution), ``None`` if they do not define it."""
+    return _function(safe_parse(problem.prompt + problem.canonical_solution), problem.entry_point)
 
 
 def _strip_docstrings(node: ast.AST) -> ast.AST:
@@ -124,8 +120,7 @@ def undocumented(problem: Problem) -> str:
     """
     if not problem.canonical_solution.strip():
         raise ValueError(f"{problem.task_id}: no canonical solution to document")
-    tree = _parse(problem.prompt + problem.canonical_solution)
-    fn = _function(tree, problem.entry_point)
+    fn = _original(problem)
     if fn is None:
         raise ValueError(
             f"{problem.task_id}: prompt + canonical solution does not define {problem.entry_point}"
@@ -205,12 +200,7 @@ class Documentation:
 
             params = ApiGrpoDocumentationParams()
         self.params = params
-        self.weights = {
-            "unchanged": params.unchanged_weight,
-            "doctests": params.doctests_weight,
-            "params": params.params_weight,
-            "returns": params.returns_weight,
-        }
+        self.weights = part_weights(params, self.reward_parts)
         self.max_reward = sum(self.weights.values())
         self._memo: dict[tuple[str, str], dict] = {}
         self.feature_guides: dict[str, tuple[str, str | None, str | None]] = {
@@ -307,10 +297,10 @@ class Documentation:
         raise ValueError(f"{self.name} has {len(self.roles)} turns; got a transcript of {len(turns)}")
 
     # ---- reward ------------------------------------------------------------------------------------------------
-    def _static(self, problem: Problem, answer: str) -> tuple[dict, Job | None, list[int]]:
+    def _static(self, problem: Problem, answer: str) -> tuple[dict, Job | None]:
         """Parts known without running code, and the doctest job (or None)."""
         code = extract_code(answer)[0] if answer else ""
-        tree = _parse(code) if code else None
+        tree = safe_parse(code) if code else None
         fn = _function(tree, problem.entry_point)
         zero = dict.fromkeys(self.reward_parts, 0.0)
         if fn is None:
@@ -322,9 +312,8 @@ class Documentation:
                     "reasons": ["no function " + problem.entry_point],
                 },
                 None,
-                [],
             )
-        original = _function(_parse(problem.prompt + problem.canonical_solution), problem.entry_point)
+        original = _original(problem)
         body = [n for n in tree.body if not _is_docstring(n)] if tree is not None else []
         # the answer is the function and nothing else (no other code that could run before the doctests)
         unchanged = (
@@ -339,7 +328,7 @@ class Documentation:
         described = [n for n in names if describes(text, n)]
         params = len(described) / len(names) if names else 1.0
         returns = float(bool(_RETURNS.search(text))) if returns_value(fn) else 1.0
-        n_examples, checked = checked_examples(doc)
+        _, checked = checked_examples(doc)
         reasons = []
         if not unchanged:
             reasons.append(
@@ -360,7 +349,7 @@ class Documentation:
             program = (problem.context + "\n" if problem.context else "") + code + DOCTEST_RUNNER
             asserts = tuple(f"assert {_RUNNER_NAME}({problem.entry_point!r})[{i}] is True" for i in checked)
             job = Job(program=program, asserts=asserts)
-        return info, job, checked
+        return info, job
 
     def _finish(self, info: dict) -> dict:
         if self.params.require_unchanged and not info["unchanged"]:
@@ -382,7 +371,7 @@ class Documentation:
                 todo[k] = (p, a)
         pending = []
         for k, (p, a) in todo.items():
-            info, job, _ = self._static(p, a)
+            info, job = self._static(p, a)
             if job is None:
                 self._memo[k] = self._finish(info)
             else:
@@ -402,24 +391,20 @@ class Documentation:
 
     def result_line(self, reward: Mapping) -> str:
         """What the judge is told about the checked reward."""
-        parts = ", ".join(f"{k} {reward.get(k, 0):.2f}" for k in self.reward_parts)
-        reasons = "; ".join(reward.get("reasons", [])[:3])
-        return f"checked reward {reward.get('total', 0):.2f} of {self.max_reward:.2f} ({parts})" + (
-            f"; {reasons}" if reasons else ""
-        )
+        return checked_result_line(reward, self.reward_parts, self.max_reward)
 
     def features(self, problem: Problem, turns: Sequence[Turn], reward: Mapping) -> dict[str, float]:
         """Examples and sections of the docstrings, fences and prose of the editor, what the review mentions."""
         writer, reviewer, editor = turns[0], turns[1], turns[2]
 
         def doc_of(text: str) -> str:
-            fn = _function(_parse(extract_code(text)[0]), problem.entry_point)
+            fn = _function(safe_parse(extract_code(text)[0]), problem.entry_point)
             return (ast.get_docstring(fn) or "") if fn is not None else ""
 
         w_doc, e_doc = doc_of(writer.text), doc_of(editor.text)
         fences = editor.text.count("```")
         after = editor.text.rsplit("```", 1)[-1] if fences >= 2 else ""
-        fn = _function(_parse(problem.prompt + problem.canonical_solution), problem.entry_point)
+        fn = _original(problem)
         names = parameters(fn) if fn is not None else []
         return {
             "writer_examples": float(checked_examples(w_doc)[0]),

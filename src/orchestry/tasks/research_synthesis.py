@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestry.tasks.common import Turn, with_guidelines
+from orchestry.tasks.common import Turn, checked_result_line, part_weights, with_guidelines
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoResearchParams
@@ -127,12 +127,7 @@ class ResearchSynthesis:
 
             params = ApiGrpoResearchParams()
         self.params, self.root = params, Path(root)
-        self.weights = {
-            "cited": params.cited_weight,
-            "valid": params.valid_weight,
-            "coverage": params.coverage_weight,
-            "length": params.length_weight,
-        }
+        self.weights = part_weights(params, self.reward_parts)
         self.max_reward = sum(self.weights.values())
         self.feature_guides: dict[str, tuple[str, str | None, str | None]] = {
             "researcher_a_citations": ("researcher_a", "Cite the passage id of every note, like [P1].", None),
@@ -205,7 +200,7 @@ class ResearchSynthesis:
         words = len((answer or "").split())
         parts = {
             "cited": len(supported) / len(cs) if cs else 0.0,
-            "valid": (len(cites) - sum(c in invented for c in cites)) / len(cites) if cites else 0.0,
+            "valid": sum(c in ids for c in cites) / len(cites) if cites else 0.0,
             "coverage": len(ids & set(cites)) / len(ids),
             "length": float(1 <= words <= self.params.max_words),
         }
@@ -235,11 +230,7 @@ class ResearchSynthesis:
         return [self.check(b, t[-1].text if t else "") for b, t in zip(problems, transcripts, strict=True)]
 
     def result_line(self, reward: Mapping) -> str:
-        parts = ", ".join(f"{k} {reward.get(k, 0):.2f}" for k in self.reward_parts)
-        reasons = "; ".join(reward.get("reasons", [])[:3])
-        return f"checked reward {reward.get('total', 0):.2f} of {self.max_reward:.2f} ({parts})" + (
-            f"; {reasons}" if reasons else ""
-        )
+        return checked_result_line(reward, self.reward_parts, self.max_reward)
 
     def features(self, problem: Bundle, turns: Sequence[Turn], reward: Mapping) -> dict[str, float]:
         a, b, s = turns[0], turns[1], turns[2]

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestry.tasks.common import Turn, with_guidelines
+from orchestry.tasks.common import Turn, checked_result_line, part_weights, with_guidelines
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoStoryParams
@@ -172,7 +172,8 @@ def pov_ok(text: str, pov: str) -> bool:
 
 
 def _story_text(answer: str) -> str:
-    """The story in an answer: the text without a surrounding ``` fence and a leading 'Here is...' line."""
+    """The story in an answer: the text without a surrounding ``` fence. A preamble ('Here is...') is kept: it
+    counts as story words (``length``) and is what the ``editor_preamble`` feature sees."""
     text = (answer or "").strip()
     fenced = re.fullmatch(r"```[a-zA-Z]*\n(.*?)\n?```", text, re.DOTALL)
     return fenced.group(1).strip() if fenced else text
@@ -196,12 +197,7 @@ class Story:
 
             params = ApiGrpoStoryParams()
         self.params = params
-        self.weights = {
-            "length": params.length_weight,
-            "words": params.words_weight,
-            "pov": params.pov_weight,
-            "title": params.title_weight,
-        }
+        self.weights = part_weights(params, self.reward_parts)
         self.max_reward = sum(self.weights.values())
         self.feature_guides: dict[str, tuple[str, str | None, str | None]] = {
             "writer_words": (
@@ -295,11 +291,7 @@ class Story:
 
     def result_line(self, reward: Mapping) -> str:
         """What the judge is told about the checked reward."""
-        parts = ", ".join(f"{k} {reward.get(k, 0):.2f}" for k in self.reward_parts)
-        reasons = "; ".join(reward.get("reasons", [])[:3])
-        return f"checked reward {reward.get('total', 0):.2f} of {self.max_reward:.2f} ({parts})" + (
-            f"; {reasons}" if reasons else ""
-        )
+        return checked_result_line(reward, self.reward_parts, self.max_reward)
 
     def features(self, problem: StorySpec, turns: Sequence[Turn], reward: Mapping) -> dict[str, float]:
         """Length, title, preamble and dialogue of the answers; whether the editor changed the draft."""

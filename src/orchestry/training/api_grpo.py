@@ -516,9 +516,10 @@ class ApiGrpoRun:
         else:
             log.info("behaviour library unchanged after episode %d: %s", after_episode, update.note)
 
-    def _mean_selected(self, phase: str) -> float:
+    def _mean_selected(self, phase: str, part: str = "total") -> float:
+        """Mean over ``phase``'s episodes of the selected trajectory's reward ``part`` (NaN without episodes)."""
         vals = [
-            r["trajectories"][r["selected"]]["reward"].get("total", 0.0)
+            r["trajectories"][r["selected"]]["reward"].get(part, 0.0)
             for r in self.episodes
             if r["phase"] == phase
         ]
@@ -671,14 +672,7 @@ class ApiGrpoRun:
                 "mean_group_value": sum(groups) / len(groups) if groups else float("nan"),
                 "trajectories": len(groups),
                 **(
-                    {
-                        "mean_selected_parts": {
-                            k: _mean(
-                                [r["trajectories"][r["selected"]]["reward"].get(k, 0.0) for r in train_eps]
-                            )
-                            for k in self.parts
-                        }
-                    }
+                    {"mean_selected_parts": {k: self._mean_selected("train", k) for k in self.parts}}
                     if self.parts
                     else {}
                 ),
@@ -772,10 +766,6 @@ class ApiGrpoRun:
         self.train()
         self.evaluate()
         return self.write_outputs()
-
-
-def _mean(vals: Sequence[float]) -> float:
-    return sum(vals) / len(vals) if vals else float("nan")
 
 
 def compare_arms(
