@@ -9,7 +9,8 @@ samples them in as few batched ``generate`` calls as possible; the API backends 
   connection errors, with the server's ``retry-after``) and timeouts are the SDK's, configured with
   ``max_retries`` and ``timeout``. The SDK (>= 2) has no sampling arguments and recent Claude models reject
   them, so temperature/top_p are only sent (as ``extra_body``) when set explicitly. Inside a stage's MLflow run
-  every call is traced by MLflow's Anthropic autologging (:func:`enable_mlflow_tracing`).
+  every call is traced by MLflow's Anthropic autologging (:func:`enable_mlflow_tracing`; the OpenAI-compatible
+  backend's by its OpenAI autologging).
 * ``openai_compatible``: ``POST {base_url}/chat/completions`` (vLLM, Ollama, llama.cpp server, OpenAI, ...)
   through ``openai.OpenAI``; retries (408/409/429/5xx, connection errors and timeouts, ``max_retries`` times:
   ``Retry-After`` honoured, else 0.5 s x 2^attempt, at most 8 s) and timeouts are the SDK's. A key is sent
@@ -189,14 +190,15 @@ _TRACING_LOCK = threading.Lock()
 
 
 def enable_mlflow_tracing(sdk: str) -> bool:
-    """Trace the calls of an API ``sdk`` (``"anthropic"``) with MLflow's autologging (``mlflow.<sdk>.autolog()``)
-    when an MLflow run is active in any thread (a stage's :func:`orchestry.tracking.stage_run`); each call
-    becomes a trace (request, response, tokens, latency) linked to the run, shown in the run's Traces tab.
+    """Trace the calls of an API ``sdk`` (``"anthropic"``, ``"openai"``) with MLflow's autologging
+    (``mlflow.<sdk>.autolog()``) when an MLflow run is active in any thread (a stage's
+    :func:`orchestry.tracking.stage_run`); each call becomes a trace (request, response, tokens, latency) linked
+    to the run, shown in the run's Traces tab.
 
     No network access of its own: MLflow's download of its model price catalog is turned off
     (``MLFLOW_MODEL_CATALOG_URI`` set empty unless already set). Never raises: without an active run, or if this
     MLflow cannot trace the SDK, returns False (logged as a warning in the second case) and the calls run
-    untraced. Only the Anthropic backend turns it on; the OpenAI-compatible backend's calls are not traced.
+    untraced.
     """
     try:
         import importlib
@@ -218,10 +220,26 @@ def enable_mlflow_tracing(sdk: str) -> bool:
         return False
 
 
+class _SDKChat(_Base):
+    """An API backend whose vendor SDK MLflow can trace (``sdk``: ``"anthropic"``, ``"openai"``)."""
+
+    sdk = "none"
+    traced = False  # MLflow tracing of the SDK's calls is on (see complete_batch)
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
+        """As :meth:`_Base.complete_batch`; the first call made while an MLflow run is active (a stage's run:
+        the stages open their clients before it) turns on tracing of the SDK's calls
+        (:func:`enable_mlflow_tracing`), so each request becomes a trace linked to that run."""
+        if not self.traced:
+            with _TRACING_LOCK:  # the response cache calls this from several threads at once
+                self.traced = self.traced or enable_mlflow_tracing(self.sdk)
+        return super().complete_batch(requests)
+
+
 # -------------------------------------------------------------------------------------------------------------
 # Anthropic
 # -------------------------------------------------------------------------------------------------------------
-class AnthropicChat(_Base):
+class AnthropicChat(_SDKChat):
     """Claude through the official SDK's Messages API.
 
     Args:
@@ -238,6 +256,7 @@ class AnthropicChat(_Base):
     """
 
     backend = "anthropic"
+    sdk = "anthropic"
 
     def __init__(
         self,
@@ -264,7 +283,6 @@ class AnthropicChat(_Base):
         self.client = anthropic.Anthropic(
             api_key=key, base_url=base_url, max_retries=max_retries, timeout=timeout_s
         )
-        self.traced = False  # MLflow tracing of the SDK's calls is on (see complete_batch)
 
     def identity(self) -> dict:
         """Backend, model, the server actually used (``base_url``, ``ANTHROPIC_BASE_URL`` or the SDK's default)
@@ -293,15 +311,6 @@ class AnthropicChat(_Base):
             ) from None
         except a.APIStatusError as e:  # e.g. a proxy without /v1/models: not fatal
             log.warning("preflight: GET /v1/models answered %s; continuing", e.status_code)
-
-    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
-        """As :meth:`_Base.complete_batch`; the first call made while an MLflow run is active (a stage's run:
-        the stages open their clients before it) turns on tracing of the SDK's calls
-        (:func:`enable_mlflow_tracing`), so each request becomes a trace linked to that run."""
-        if not self.traced:
-            with _TRACING_LOCK:  # the response cache calls this from several threads at once
-                self.traced = self.traced or enable_mlflow_tracing("anthropic")
-        return super().complete_batch(requests)
 
     def _one(self, request: ChatRequest) -> ChatResult:
         t0 = time.time()
@@ -342,7 +351,7 @@ class AnthropicChat(_Base):
 _NO_KEY = "no-key"  # the SDK wants a key; without api_key_env this one is never sent (see _auth)
 
 
-class OpenAICompatibleChat(_Base):
+class OpenAICompatibleChat(_SDKChat):
     """Any server speaking ``POST /v1/chat/completions`` (vLLM, Ollama, llama.cpp, OpenAI, ...) through the
     official ``openai`` SDK (``openai.OpenAI`` with ``base_url``, ``timeout`` and ``max_retries``).
 
@@ -357,11 +366,14 @@ class OpenAICompatibleChat(_Base):
         seed: sent mixed with the sample index (:meth:`request_seed`; servers that support it then answer
             reproducibly, and two seeds of a sweep never share a sample).
 
+    Inside a stage's MLflow run every call is traced by MLflow's OpenAI autologging, as for Anthropic.
+
     Raises:
         BackendConfigError: ``base_url`` missing, or ``api_key_env`` named but unset.
     """
 
     backend = "openai_compatible"
+    sdk = "openai"
 
     def __init__(
         self,
