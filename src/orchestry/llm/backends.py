@@ -465,22 +465,16 @@ class OpenAICompatibleChat(_SDKChat):
         t0 = time.time()
         try:
             completion = self.client.chat.completions.create(**kwargs)
-        except o.APIConnectionError as e:  # retried max_retries times by the SDK
+        except o.APIConnectionError as e:  # refused, reset or timed out, after the SDK's retries
             raise RuntimeError(
-                f"openai_compatible request failed after {self.max_retries} retries: cannot reach the server "
-                f"at api_grpo.base_url = {self.base_url} ({_cause(e)})"
+                f"{_failed(e)}: cannot reach the server at api_grpo.base_url = {self.base_url} ({_cause(e)})"
             ) from e
         except (o.AuthenticationError, o.PermissionDeniedError) as e:
             raise BackendConfigError(
                 f"{self.base_url} refused the key ({e.status_code}); check api_grpo.api_key_env"
             ) from e
-        except o.APIStatusError as e:
-            last = f"HTTP {e.status_code}: {_body(e)}"
-            if _sdk_retries(e.status_code):
-                raise RuntimeError(
-                    f"openai_compatible request failed after {self.max_retries} retries: {last}"
-                ) from e
-            raise RuntimeError(f"openai_compatible request failed: {last}") from e
+        except o.APIStatusError as e:  # 400, 404, ... at once; 408/409/429/5xx after the SDK's retries
+            raise RuntimeError(f"{_failed(e)}: HTTP {e.status_code}: {_body(e)}") from e
         return self._result(completion, request, time.time() - t0)
 
     def _result(self, completion, request: ChatRequest, seconds: float) -> ChatResult:
@@ -511,9 +505,14 @@ class OpenAICompatibleChat(_SDKChat):
         self.client.close()
 
 
-def _sdk_retries(status: int) -> bool:
-    """The statuses the ``openai`` SDK retries (unless the server sends ``x-should-retry``)."""
-    return status in (408, 409, 429) or status >= 500
+def _failed(e) -> str:
+    """``openai_compatible request failed`` and, if the SDK retried, after how many retries (the count it sent
+    with its last attempt in ``x-stainless-retry-count``)."""
+    try:
+        retries = int(e.request.headers.get("x-stainless-retry-count", 0))
+    except (AttributeError, TypeError, ValueError):
+        retries = 0
+    return "openai_compatible request failed" + (f" after {retries} retries" if retries else "")
 
 
 def _cause(e: BaseException) -> str:
