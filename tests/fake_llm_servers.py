@@ -140,9 +140,13 @@ def anthropic_error(status: int, kind: str, retry_after_ms: int | None = 10) -> 
 
 
 class FakeOpenAI(_Server):
-    """``POST /v1/chat/completions`` and ``GET /v1/models`` with OpenAI's response shapes."""
+    """``POST /v1/chat/completions`` and ``GET /v1/models`` with OpenAI's response shapes (what the ``openai``
+    SDK parses into ``ChatCompletion`` and a page of ``Model``)."""
 
     kind = "openai"
+
+    def models_body(self) -> dict:
+        return {"object": "list", "data": [{"id": "m", "object": "model", "created": 0, "owned_by": "fake"}]}
 
     def answer(self, body: dict) -> dict:
         text = self.reply(body)
@@ -162,5 +166,6 @@ class FakeOpenAI(_Server):
 
 
 def openai_error(status: int, retry_after: str | None = "0.01") -> tuple[int, dict, dict]:
+    """A scripted OpenAI error answer (``{"error": {...}}``), with ``Retry-After`` in seconds unless None."""
     headers = {"Retry-After": retry_after} if retry_after is not None else {}
     return status, headers, {"error": {"message": f"injected {status}", "type": "server_error"}}

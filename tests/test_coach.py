@@ -1,7 +1,7 @@
 """Coach process rewards: the parser, and the Coach through the real backends' code path against local fake APIs.
 
-The OpenAI-compatible client (stdlib HTTP) and the real anthropic SDK talk to tests/fake_llm_servers.py, behind
-the real response cache and cost tracker (:class:`orchestry.llm.cache.CachedChat`).
+The real openai SDK (OpenAI-compatible backend) and the real anthropic SDK talk to tests/fake_llm_servers.py,
+behind the real response cache and cost tracker (:class:`orchestry.llm.cache.CachedChat`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Chat backends, response cache, cost and budget -- against local servers that speak the real APIs.
 
 The Anthropic backend runs through the real ``anthropic`` SDK (its retries and timeouts) against a stdlib
-HTTP server answering ``POST /v1/messages`` with the Messages API's JSON; the OpenAI-compatible backend
-against a server answering ``POST /v1/chat/completions``. The local backend uses a tiny random llama.
+HTTP server answering ``POST /v1/messages`` with the Messages API's JSON; the OpenAI-compatible backend through
+the real ``openai`` SDK against a server answering ``POST /v1/chat/completions``. The local backend uses a tiny
+random llama.
 """
 
 from __future__ import annotations
@@ -182,6 +183,53 @@ def test_openai_compatible_client_errors_are_not_retried() -> None:
     with srv.running(), pytest.raises(RuntimeError, match="HTTP 400"):
         OpenAICompatibleChat("m", srv.url + "/v1", max_retries=3).complete("x")
     assert len(srv.posts) == 1
+
+
+def test_openai_sdk_retries_429_and_503_then_succeeds_without_sending_a_key(monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-never-sent")  # the SDK's own variable is not read
+    srv = FakeOpenAI(reply=lambda b: "fine", usage={"prompt_tokens": 12, "completion_tokens": 3})
+    srv.script = [openai_error(429, retry_after="0.05"), openai_error(503, retry_after=None)]
+    with srv.running():
+        chat = OpenAICompatibleChat("m", srv.url + "/v1", max_retries=2, timeout_s=10, price=Price(1.0, 1.0))
+        res = chat.complete("hi", max_tokens=4)
+    assert [r["path"] for r in srv.posts] == ["/v1/chat/completions"] * 3  # 429, 503, then success
+    assert [r["headers"].get("x-stainless-retry-count") for r in srv.posts] == ["0", "1", "2"]  # the SDK's
+    assert all("authorization" not in r["headers"] for r in srv.requests)  # api_key_env: null sends no key
+    assert (res.text, res.prompt_tokens, res.completion_tokens, res.stop_reason) == ("fine", 12, 3, "stop")
+    assert res.usd == pytest.approx(15e-6)
+
+
+def test_openai_sdk_gives_up_after_max_retries_and_sends_the_named_key(monkeypatch) -> None:
+    monkeypatch.setenv("MY_SERVER_KEY", "secret-1")
+    srv = FakeOpenAI()
+    srv.script = [openai_error(503)] * 5
+    with srv.running():
+        chat = OpenAICompatibleChat("m", srv.url + "/v1", api_key_env="MY_SERVER_KEY", max_retries=1)
+        with pytest.raises(RuntimeError, match="after 1 retries: HTTP 503") as err:
+            chat.complete("x")
+    assert len(srv.posts) == 2  # one try + max_retries=1
+    assert {r["headers"].get("authorization") for r in srv.posts} == {"Bearer secret-1"}
+    assert "injected 503" in str(err.value)  # the server's own message, for the user
+    srv.script = [openai_error(401)]
+    with srv.running(), pytest.raises(BackendConfigError, match="api_grpo.api_key_env"):
+        OpenAICompatibleChat("m", srv.url + "/v1", api_key_env="MY_SERVER_KEY", max_retries=3).complete("x")
+    assert len(srv.posts) == 3  # a refused key is not retried
+
+
+def test_openai_sdk_unreachable_or_silent_server_names_the_url() -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    with pytest.raises(RuntimeError, match="cannot reach the server") as err:
+        OpenAICompatibleChat("m", url, max_retries=1, timeout_s=2).complete("x")
+    assert f"api_grpo.base_url = {url}" in str(err.value) and "after 1 retries" in str(err.value)
+    with socket.socket() as silent:  # accepts connections (in the backlog) but never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        with pytest.raises(RuntimeError, match="timed out") as err:
+            OpenAICompatibleChat("m", url, max_retries=0, timeout_s=0.5).complete("x")
+        assert url in str(err.value)
+        with pytest.raises(BackendConfigError, match="api_grpo.base_url"):
+            OpenAICompatibleChat("m", url, timeout_s=0.5).preflight()
 
 
 # ---- cache ------------------------------------------------------------------------------------------------------

@@ -16,13 +16,14 @@ import sys
 
 import mlflow
 import mlflow.anthropic
+import mlflow.openai
 import pandas as pd
 import pytest
 from conftest import make_tiny_llama
-from fake_llm_servers import FakeAnthropic
+from fake_llm_servers import FakeAnthropic, FakeOpenAI
 
 from orchestry.config import SamplingParams, TrainMagrpoParams
-from orchestry.llm.backends import AnthropicChat, ChatRequest
+from orchestry.llm.backends import AnthropicChat, ChatRequest, OpenAICompatibleChat
 from orchestry.llm.cache import CachedChat, ResponseCache
 from orchestry.llm.local import attach_adapters, chat_prompt, generate
 from orchestry.mlflow_models import (
@@ -228,3 +229,34 @@ def test_anthropic_calls_are_traced_inside_a_stage_run(store, monkeypatch, tmp_p
         }
     finally:
         mlflow.anthropic.autolog(disable=True)
+
+
+def test_openai_compatible_calls_are_traced_inside_a_stage_run(store, tmp_path):
+    """The same for the OpenAI-compatible backend: the openai SDK's calls become traces of the stage's run."""
+    srv = FakeOpenAI(reply=lambda body: "def f():\n    return " + body["messages"][-1]["content"][-1])
+    try:
+        with srv.running():
+            chat = OpenAICompatibleChat("local-vllm", srv.url + "/v1", max_retries=0, concurrency=2)
+            chat.complete("write f 0", max_tokens=20)
+            assert chat.traced is False  # no MLflow run: no tracing turned on
+            with stage_run("train_api_grpo", {}, "test", uri=store) as run:
+                reqs = [
+                    ChatRequest((("user", f"write f {i}"),), system="be brief", max_tokens=20) for i in (1, 2)
+                ]
+                res = CachedChat(chat, ResponseCache(tmp_path / "cache.sqlite")).complete_batch(reqs)
+        assert chat.traced is True and [r.text for r in res] == [
+            "def f():\n    return 1",
+            "def f():\n    return 2",
+        ]
+        if hasattr(mlflow, "flush_trace_async_logging"):
+            mlflow.flush_trace_async_logging()
+        traces = mlflow.search_traces(run_id=run.info.run_id, return_type="list")
+        assert len(traces) == 2  # one per API call of the run; the call before the run is not traced
+        roots = [next(s for s in t.data.spans if s.parent_id is None) for t in traces]
+        assert {r.inputs["model"] for r in roots} == {"local-vllm"}
+        assert {r.outputs["choices"][0]["message"]["content"] for r in roots} == {
+            "def f():\n    return 1",
+            "def f():\n    return 2",
+        }
+    finally:
+        mlflow.openai.autolog(disable=True)

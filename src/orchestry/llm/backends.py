@@ -9,11 +9,13 @@ samples them in as few batched ``generate`` calls as possible; the API backends 
   connection errors, with the server's ``retry-after``) and timeouts are the SDK's, configured with
   ``max_retries`` and ``timeout``. The SDK (>= 2) has no sampling arguments and recent Claude models reject
   them, so temperature/top_p are only sent (as ``extra_body``) when set explicitly. Inside a stage's MLflow run
-  every call is traced by MLflow's Anthropic autologging (:func:`enable_mlflow_tracing`).
+  every call is traced by MLflow's Anthropic autologging (:func:`enable_mlflow_tracing`; the OpenAI-compatible
+  backend's by its OpenAI autologging).
 * ``openai_compatible``: ``POST {base_url}/chat/completions`` (vLLM, Ollama, llama.cpp server, OpenAI, ...)
-  with the standard library's HTTP client, so no extra dependency; it retries 408/409/429/5xx and connection
-  errors ``max_retries`` times with the same backoff policy as the Anthropic SDK (``Retry-After`` honoured,
-  else 0.5 s x 2^attempt, at most 8 s).
+  through ``openai.OpenAI``; retries (408/409/429/5xx, connection errors and timeouts, ``max_retries`` times:
+  ``Retry-After`` honoured, else 0.5 s x 2^attempt, at most 8 s) and timeouts are the SDK's. A key is sent
+  only when ``api_key_env`` names one (never the SDK's ``OPENAI_API_KEY``); the SDK's errors become
+  :class:`BackendConfigError` (refused key) or a ``RuntimeError`` naming the HTTP status or the server URL.
 * ``local``: the transformers model of the pipeline (:mod:`orchestry.llm.local`); free, offline, seeded.
 
 Misconfiguration (missing key, missing ``base_url``, unreachable server, rejected key) raises
@@ -28,11 +30,8 @@ import hashlib
 import json
 import logging
 import os
-import random
 import threading
 import time
-import urllib.error
-import urllib.request
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -191,15 +190,15 @@ _TRACING_LOCK = threading.Lock()
 
 
 def enable_mlflow_tracing(sdk: str) -> bool:
-    """Trace the calls of an API ``sdk`` (``"anthropic"``) with MLflow's autologging (``mlflow.<sdk>.autolog()``)
-    when an MLflow run is active in any thread (a stage's :func:`orchestry.tracking.stage_run`); each call
-    becomes a trace (request, response, tokens, latency) linked to the run, shown in the run's Traces tab.
+    """Trace the calls of an API ``sdk`` (``"anthropic"``, ``"openai"``) with MLflow's autologging
+    (``mlflow.<sdk>.autolog()``) when an MLflow run is active in any thread (a stage's
+    :func:`orchestry.tracking.stage_run`); each call becomes a trace (request, response, tokens, latency) linked
+    to the run, shown in the run's Traces tab.
 
     No network access of its own: MLflow's download of its model price catalog is turned off
     (``MLFLOW_MODEL_CATALOG_URI`` set empty unless already set). Never raises: without an active run, or if this
     MLflow cannot trace the SDK, returns False (logged as a warning in the second case) and the calls run
-    untraced. The OpenAI-compatible backend speaks HTTP with the standard library, not the ``openai`` SDK, so
-    MLflow has nothing to patch there.
+    untraced.
     """
     try:
         import importlib
@@ -221,10 +220,26 @@ def enable_mlflow_tracing(sdk: str) -> bool:
         return False
 
 
+class _SDKChat(_Base):
+    """An API backend whose vendor SDK MLflow can trace (``sdk``: ``"anthropic"``, ``"openai"``)."""
+
+    sdk = "none"
+    traced = False  # MLflow tracing of the SDK's calls is on (see complete_batch)
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
+        """As :meth:`_Base.complete_batch`; the first call made while an MLflow run is active (a stage's run:
+        the stages open their clients before it) turns on tracing of the SDK's calls
+        (:func:`enable_mlflow_tracing`), so each request becomes a trace linked to that run."""
+        if not self.traced:
+            with _TRACING_LOCK:  # the response cache calls this from several threads at once
+                self.traced = self.traced or enable_mlflow_tracing(self.sdk)
+        return super().complete_batch(requests)
+
+
 # -------------------------------------------------------------------------------------------------------------
 # Anthropic
 # -------------------------------------------------------------------------------------------------------------
-class AnthropicChat(_Base):
+class AnthropicChat(_SDKChat):
     """Claude through the official SDK's Messages API.
 
     Args:
@@ -241,6 +256,7 @@ class AnthropicChat(_Base):
     """
 
     backend = "anthropic"
+    sdk = "anthropic"
 
     def __init__(
         self,
@@ -267,7 +283,6 @@ class AnthropicChat(_Base):
         self.client = anthropic.Anthropic(
             api_key=key, base_url=base_url, max_retries=max_retries, timeout=timeout_s
         )
-        self.traced = False  # MLflow tracing of the SDK's calls is on (see complete_batch)
 
     def identity(self) -> dict:
         """Backend, model, the server actually used (``base_url``, ``ANTHROPIC_BASE_URL`` or the SDK's default)
@@ -296,15 +311,6 @@ class AnthropicChat(_Base):
             ) from None
         except a.APIStatusError as e:  # e.g. a proxy without /v1/models: not fatal
             log.warning("preflight: GET /v1/models answered %s; continuing", e.status_code)
-
-    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
-        """As :meth:`_Base.complete_batch`; the first call made while an MLflow run is active (a stage's run:
-        the stages open their clients before it) turns on tracing of the SDK's calls
-        (:func:`enable_mlflow_tracing`), so each request becomes a trace linked to that run."""
-        if not self.traced:
-            with _TRACING_LOCK:  # the response cache calls this from several threads at once
-                self.traced = self.traced or enable_mlflow_tracing("anthropic")
-        return super().complete_batch(requests)
 
     def _one(self, request: ChatRequest) -> ChatResult:
         t0 = time.time()
@@ -342,24 +348,32 @@ class AnthropicChat(_Base):
 # -------------------------------------------------------------------------------------------------------------
 # OpenAI-compatible servers
 # -------------------------------------------------------------------------------------------------------------
-_RETRY_STATUS = {408, 409, 429}
+_NO_KEY = "no-key"  # the SDK wants a key; without api_key_env this one is never sent (see _auth)
 
 
-class OpenAICompatibleChat(_Base):
-    """Any server speaking ``POST /v1/chat/completions`` (vLLM, Ollama, llama.cpp, OpenAI, ...).
+class OpenAICompatibleChat(_SDKChat):
+    """Any server speaking ``POST /v1/chat/completions`` (vLLM, Ollama, llama.cpp, OpenAI, ...) through the
+    official ``openai`` SDK (``openai.OpenAI`` with ``base_url``, ``timeout`` and ``max_retries``).
 
     Args:
         model: the server's model name.
         base_url: API root including the version, e.g. ``http://localhost:8000/v1``.
-        api_key_env: variable holding a bearer key (``None``: send none; most local servers need none).
+        api_key_env: variable holding a bearer key (``None``: send none; most local servers need none). The
+            SDK's own ``OPENAI_API_KEY`` is never read: a key goes to a server only when named here.
+        timeout_s: seconds per request attempt; max_retries: SDK retries (408, 409, 429, 5xx, connection
+            errors and timeouts; ``retry-after``/``retry-after-ms`` honoured, else 0.5 s x 2^attempt, at most
+            8 s).
         seed: sent mixed with the sample index (:meth:`request_seed`; servers that support it then answer
             reproducibly, and two seeds of a sweep never share a sample).
+
+    Inside a stage's MLflow run every call is traced by MLflow's OpenAI autologging, as for Anthropic.
 
     Raises:
         BackendConfigError: ``base_url`` missing, or ``api_key_env`` named but unset.
     """
 
     backend = "openai_compatible"
+    sdk = "openai"
 
     def __init__(
         self,
@@ -372,6 +386,8 @@ class OpenAICompatibleChat(_Base):
         price: Price = FREE,
         seed: int = 0,
     ):
+        import openai
+
         if not base_url:
             raise BackendConfigError(
                 "the openai_compatible backend needs a server: set api_grpo.base_url "
@@ -389,6 +405,12 @@ class OpenAICompatibleChat(_Base):
         self.timeout_s, self.max_retries, self.concurrency = timeout_s, max_retries, concurrency
         self.price, self.seed = price, seed
         self._warned_usage = False
+        self._openai = openai
+        self.client = openai.OpenAI(
+            api_key=self.key or _NO_KEY, base_url=self.base_url, max_retries=max_retries, timeout=timeout_s
+        )
+        # no key: every request explicitly drops the Authorization header (the SDK insists on one otherwise)
+        self._auth: dict = {} if self.key else {"Authorization": openai.Omit()}
 
     def identity(self) -> dict:
         return {"backend": self.backend, "model": self.model, "base_url": self.base_url, "seed": self.seed}
@@ -398,102 +420,71 @@ class OpenAICompatibleChat(_Base):
         sends the sample index itself and seed 1's samples are not seed 0's next ones."""
         return (self.seed * 1_000_003 + sample_index) % (2**31)
 
-    def _http(self, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, dict, dict]:
-        """``(status, headers, json)``; raises ``urllib.error.URLError`` on connection failure."""
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.key:
-            headers["Authorization"] = f"Bearer {self.key}"
-        req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                raw = resp.read()
-                return resp.status, dict(resp.headers), json.loads(raw or b"{}")
-        except urllib.error.HTTPError as e:
-            raw = e.read()
-            try:
-                payload = json.loads(raw or b"{}")
-            except json.JSONDecodeError:
-                payload = {"error": raw[:500].decode(errors="replace")}
-            return e.code, dict(e.headers or {}), payload
-
     def preflight(self) -> None:
-        """``GET {base_url}/models`` once.
+        """``GET {base_url}/models`` once (no retries, at most 15 s).
 
         Raises:
             BackendConfigError: unreachable (names ``api_grpo.base_url``) or 401/403 (names the key variable).
         """
+        o = self._openai
         try:
-            status, _, _ = self._http("GET", "/models", None, min(self.timeout_s, 15.0))
-        except (urllib.error.URLError, OSError) as e:
-            raise BackendConfigError(
-                f"cannot reach the server at api_grpo.base_url = {self.base_url} ({e}); start it or fix the URL"
-            ) from None
-        if status in (401, 403):
-            raise BackendConfigError(
-                f"the server at {self.base_url} refused the request ({status}): set a key in an environment "
-                "variable and name it in api_grpo.api_key_env"
+            self.client.with_options(max_retries=0, timeout=min(self.timeout_s, 15.0)).models.list(
+                extra_headers=self._auth
             )
-        if status >= 400:
-            log.warning("preflight: GET %s/models answered %s; continuing", self.base_url, status)
-
-    @staticmethod
-    def _retry_after(headers: Mapping[str, str]) -> float | None:
-        low = {k.lower(): v for k, v in headers.items()}
-        for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
-            try:
-                value = float(low[name]) * scale
-            except (KeyError, ValueError):
-                continue
-            if 0 <= value <= 60:
-                return value
-        return None
+        except o.APIConnectionError as e:  # also APITimeoutError
+            raise BackendConfigError(
+                f"cannot reach the server at api_grpo.base_url = {self.base_url} ({_cause(e)}); "
+                "start it or fix the URL"
+            ) from None
+        except (o.AuthenticationError, o.PermissionDeniedError) as e:
+            raise BackendConfigError(
+                f"the server at {self.base_url} refused the request ({e.status_code}): set a key in an "
+                "environment variable and name it in api_grpo.api_key_env"
+            ) from None
+        except o.APIStatusError as e:  # e.g. a server without /models: not fatal
+            log.warning("preflight: GET %s/models answered %s; continuing", self.base_url, e.status_code)
+        except o.APIError as e:  # an answer the SDK cannot read as a model list: not fatal either
+            log.warning("preflight: GET %s/models: %s; continuing", self.base_url, e)
 
     def _one(self, request: ChatRequest) -> ChatResult:
+        o = self._openai
         msgs = ([{"role": "system", "content": request.system}] if request.system else []) + [
             {"role": r, "content": c} for r, c in request.messages
         ]
-        body: dict = {
+        kwargs: dict = {
             "model": self.model,
             "messages": msgs,
             "max_tokens": request.max_tokens,
             "seed": self.request_seed(request.sample_index),
+            "extra_headers": self._auth,
         }
         if request.temperature is not None:
-            body["temperature"] = request.temperature
+            kwargs["temperature"] = request.temperature
         if request.top_p is not None:
-            body["top_p"] = request.top_p
+            kwargs["top_p"] = request.top_p
         t0 = time.time()
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            wait = None
-            try:
-                status, headers, payload = self._http("POST", "/chat/completions", body, self.timeout_s)
-            except (urllib.error.URLError, OSError) as e:  # connection error or timeout: retry
-                status, headers, payload, last = 0, {}, {}, f"{type(e).__name__}: {e}"
-            if status == 200:
-                return self._result(payload, request, time.time() - t0)
-            if status:
-                last = f"HTTP {status}: {json.dumps(payload)[:300]}"
-                if status in (401, 403):
-                    raise BackendConfigError(
-                        f"{self.base_url} refused the key ({status}); check api_grpo.api_key_env"
-                    )
-                if status not in _RETRY_STATUS and status < 500:
-                    raise RuntimeError(f"openai_compatible request failed: {last}")
-                wait = self._retry_after(headers)
-            if attempt < self.max_retries:
-                if wait is None:
-                    wait = min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random())
-                time.sleep(wait)
-        raise RuntimeError(f"openai_compatible request failed after {self.max_retries} retries: {last}")
+        try:
+            completion = self.client.chat.completions.create(**kwargs)
+        except o.APIConnectionError as e:  # refused, reset or timed out, after the SDK's retries
+            raise RuntimeError(
+                f"{_failed(e)}: cannot reach the server at api_grpo.base_url = {self.base_url} ({_cause(e)})"
+            ) from e
+        except (o.AuthenticationError, o.PermissionDeniedError) as e:
+            raise BackendConfigError(
+                f"{self.base_url} refused the key ({e.status_code}); check api_grpo.api_key_env"
+            ) from e
+        except o.APIStatusError as e:  # 400, 404, ... at once; 408/409/429/5xx after the SDK's retries
+            raise RuntimeError(f"{_failed(e)}: HTTP {e.status_code}: {_body(e)}") from e
+        return self._result(completion, request, time.time() - t0)
 
-    def _result(self, payload: dict, request: ChatRequest, seconds: float) -> ChatResult:
-        choice = (payload.get("choices") or [{}])[0]
-        text = (choice.get("message") or {}).get("content") or ""
-        usage = payload.get("usage") or {}
-        if "prompt_tokens" in usage:
-            pin, pout = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    def _result(self, completion, request: ChatRequest, seconds: float) -> ChatResult:
+        choices = getattr(completion, "choices", None) or []
+        choice = choices[0] if choices else None
+        message = getattr(choice, "message", None)
+        text = getattr(message, "content", None) or ""
+        usage = getattr(completion, "usage", None)
+        if getattr(usage, "prompt_tokens", None) is not None:
+            pin, pout = int(usage.prompt_tokens or 0), int(getattr(usage, "completion_tokens", 0) or 0)
         else:  # some servers omit usage: estimate (and say so once)
             from orchestry.llm.cost import estimate_tokens
 
@@ -507,8 +498,37 @@ class OpenAICompatibleChat(_Base):
             completion_tokens=pout,
             usd=self.price.usd(pin, pout),
             seconds=seconds,
-            stop_reason=str(choice.get("finish_reason") or ""),
+            stop_reason=str(getattr(choice, "finish_reason", None) or ""),
         )
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _failed(e) -> str:
+    """``openai_compatible request failed`` and, if the SDK retried, after how many retries (the count it sent
+    with its last attempt in ``x-stainless-retry-count``)."""
+    try:
+        retries = int(e.request.headers.get("x-stainless-retry-count", 0))
+    except (AttributeError, TypeError, ValueError):
+        retries = 0
+    return "openai_compatible request failed" + (f" after {retries} retries" if retries else "")
+
+
+def _cause(e: BaseException) -> str:
+    """The SDK's connection error with the reason underneath (``Connection error.`` alone says little)."""
+    inner = e.__cause__ or e.__context__
+    if inner is None or not str(inner):
+        return str(e)
+    return f"{str(e).rstrip('.')}: {type(inner).__name__}: {inner}"
+
+
+def _body(e) -> str:
+    """At most 300 characters of an error response's body (JSON when it is JSON)."""
+    try:
+        return json.dumps(e.response.json())[:300]
+    except Exception:
+        return (getattr(e.response, "text", "") or str(e))[:300]
 
 
 # -------------------------------------------------------------------------------------------------------------
