@@ -152,8 +152,17 @@ def _gen_variant(variant: str) -> dict:
                 tokens += sum(it.completion_tokens for it in b.items)
             out["tokens"] = tokens
         elif variant in ("gen", "gen_no_stop", "gen_no_prefix", "gen_one_round", "gen_hf_sampling"):
+            # transformers' own temperature/top-p sampling in place of NucleusSampler (generate's kwargs as they
+            # were with the former FAST_NUCLEUS switch off)
             if variant == "gen_hf_sampling":
-                L.FAST_NUCLEUS = False
+                rounds = L._generate_in_rounds
+
+                def hf_sampling(model, enc, kwargs, *args):
+                    del kwargs["logits_processor"]
+                    kwargs.update(do_sample=True, temperature=kw["temperature"], top_p=kw["top_p"], top_k=0)
+                    return rounds(model, enc, kwargs, *args)
+
+                L._generate_in_rounds = hf_sampling
             if variant == "gen_no_prefix":
                 L._prompt_groups = lambda *a, **k: None
             if variant == "gen_one_round":

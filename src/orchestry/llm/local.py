@@ -419,8 +419,6 @@ class NucleusSampler:
         return out.scatter_(-1, drawn, 0.0)
 
 
-#: False: transformers' own temperature/top-p sampling (same distribution, slower; a benchmark lever)
-FAST_NUCLEUS = True
 ROUND_TOKENS = 16  # decoding round length: finished rows leave the batch between rounds
 
 
@@ -514,10 +512,8 @@ def generate(
     # sampling: NucleusSampler draws the token (same distribution as transformers' temperature + top-p warpers,
     # without sorting the vocabulary) and greedy decoding emits it
     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    if temperature and temperature > 0 and FAST_NUCLEUS:
+    if temperature and temperature > 0:
         kwargs["logits_processor"] = LogitsProcessorList([NucleusSampler(temperature, top_p)])
-    elif temperature and temperature > 0:
-        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
     if stop_at_code_end:
         kwargs["stopping_criteria"] = StoppingCriteriaList([_FenceStop(tokenizer, width)])
     if adapter_names is not None:
