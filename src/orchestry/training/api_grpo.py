@@ -2,10 +2,10 @@
 
 ``run_api_grpo`` is what the ``train_api_grpo`` stage calls:
 
-1. **clients** (:func:`open_clients`, before any other work): backend from ``api_grpo.backend`` (a missing key,
-   ``base_url`` or price, or an unreachable server raises here), behind the sqlite response cache and the
-   cost tracker with the hard budget (training may spend ``1 - eval_budget_fraction`` of it; the rest is
-   kept for the evaluation);
+1. **clients** (:func:`open_clients`, :mod:`orchestry.training.api_grpo_setup`, before any other work):
+   backend from ``api_grpo.backend`` (a missing key, ``base_url`` or price, or an unreachable server raises
+   here), behind the sqlite response cache and the cost tracker with the hard budget (training may spend
+   ``1 - eval_budget_fraction`` of it; the rest is kept for the evaluation);
 2. **training**: ``num_episodes`` episodes over the seeded-shuffled train problems, ``behavior_every`` (m)
    at a time in lockstep (:func:`orchestry.algorithms.api_grpo.beam_search`); the value of a trajectory is
    the task's executable reward R, mixed with the LLM judge when enabled:
@@ -16,7 +16,8 @@
    width 1: the policy's own answers) per problem WITH the final guidelines and WITHOUT any, scored by the
    executable reward only; means with percentile-bootstrap CIs (``intervals`` params) and the paired difference;
 4. **outputs** under ``out_dir``: ``episodes.jsonl``, ``rewards.csv``, ``learned_behaviors.json``,
-   ``summary.json`` -- rewritten after every block, so a budget stop or a crash keeps everything finished.
+   ``summary.json`` (tables: :mod:`orchestry.training.api_grpo_outputs`) -- rewritten after every block, so a
+   budget stop or a crash keeps everything finished.
 
 Human overrides (:mod:`orchestry.overrides`, ``data/overrides.jsonl``): a complete trajectory whose id has one
 gets the person's score as its reward and its value (training and evaluation alike), so the advantages, the

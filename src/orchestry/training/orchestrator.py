@@ -4,12 +4,14 @@
 
 1. **clients** (:func:`open_clients`, before any other work): the chat backend named in params (local model by
    default, ``anthropic`` or ``openai_compatible``) behind the sqlite response cache and the cost tracker with
-   its hard USD budget (training may spend ``1 - eval_budget_fraction`` of it) -- the same code API-GRPO uses;
-2. **environment** (:class:`OrchestratorEnv`): episodes on problems, the agent pool of
-   :mod:`orchestry.tasks.agent_pool`; the state vector S_t = [encoder(task), encoder(history), step, cost so far,
-   last tester reward, ...] with the offline MiniLM encoder (:mod:`orchestry.llm.encoder`); the step cost c_t in
-   tokens (prompt + completion, a cached answer counted at its original size) or USD, plus the agent's fixed
-   ``call_cost``; the task reward r = the level reward of the final code (or a success bonus / failure penalty);
+   its hard USD budget (training may spend ``1 - eval_budget_fraction`` of it), set up as API-GRPO's is
+   (:mod:`orchestry.training.api_clients`);
+2. **environment** (:class:`OrchestratorEnv`, :mod:`orchestry.training.orchestrator_env`): episodes on problems,
+   the agent pool of :mod:`orchestry.tasks.agent_pool`; the state vector S_t = [encoder(task), encoder(history),
+   step, cost so far, last tester reward, ...] with the offline MiniLM encoder (:mod:`orchestry.llm.encoder`); the
+   step cost c_t in tokens (prompt + completion, a cached answer counted at its original size) or USD, plus the
+   agent's fixed ``call_cost``; the task reward r = the level reward of the final code (or a success bonus /
+   failure penalty);
 3. **training**: ``num_episodes`` episodes on the first ``max_problems`` train problems (seeded order),
    ``episodes_per_update`` of them in lockstep per REINFORCE update (:mod:`orchestry.algorithms.orchestrator`);
 4. **evaluation** on the first ``max_problems_eval`` test problems: the learned policy (greedy) against fixed
