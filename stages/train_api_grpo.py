@@ -13,6 +13,7 @@ import mlflow
 
 from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
+from orchestry.metrics import flat_numbers as _flat_numbers
 from orchestry.overrides import OverrideError, read_overrides
 from orchestry.problems import read_problems
 from orchestry.runtime import open_sandbox, start_stage
@@ -20,16 +21,6 @@ from orchestry.tracking import log_metrics, stage_run
 from orchestry.training.api_grpo import open_clients, run_api_grpo
 
 OUT = "reports/api_grpo"
-
-
-def _flat_numbers(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat_numbers(v, f"{prefix}{k}/"))
-        elif isinstance(v, int | float) and not isinstance(v, bool):
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ import mlflow
 
 from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
+from orchestry.metrics import flat_numbers as _flat_numbers
 from orchestry.problems import read_problems
 from orchestry.runtime import open_sandbox, start_stage
 from orchestry.tracking import log_metrics, stage_run
@@ -23,16 +24,6 @@ from orchestry.training.orchestrator import open_clients, run_orchestrator
 
 OUT = "reports/orchestrator"
 POLICY = "models/orchestrator"
-
-
-def _flat_numbers(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat_numbers(v, f"{prefix}{k}/"))
-        elif isinstance(v, int | float) and not isinstance(v, bool):
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _log(metrics: dict, step: int | None = None) -> None:

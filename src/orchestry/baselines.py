@@ -41,6 +41,17 @@ class _Gen:
     truncated: bool = False  # the (last round's) completion reached max_completion_length
 
 
+def _revised(draft: _Gen, revision: _Gen) -> _Gen:
+    """The revision's text, with the tokens and seconds of the draft and the revision together."""
+    return _Gen(
+        revision.text,
+        draft.prompt_tokens + revision.prompt_tokens,
+        draft.completion_tokens + revision.completion_tokens,
+        draft.seconds + revision.seconds,
+        revision.truncated,
+    )
+
+
 def sample_texts(
     model,
     tokenizer,
@@ -209,26 +220,8 @@ def run_method(
             gen_bar,
         )
         h2, m2 = revisions[:n], revisions[n:]
-        helpers = [
-            _Gen(
-                b.text,
-                a.prompt_tokens + b.prompt_tokens,
-                a.completion_tokens + b.completion_tokens,
-                a.seconds + b.seconds,
-                b.truncated,
-            )
-            for a, b in zip(h1, h2, strict=True)
-        ]
-        mains = [
-            _Gen(
-                b.text,
-                a.prompt_tokens + b.prompt_tokens,
-                a.completion_tokens + b.completion_tokens,
-                a.seconds + b.seconds,
-                b.truncated,
-            )
-            for a, b in zip(m1, m2, strict=True)
-        ]
+        helpers = [_revised(a, b) for a, b in zip(h1, h2, strict=True)]
+        mains = [_revised(a, b) for a, b in zip(m1, m2, strict=True)]
     gen_bar.close()
     probs = [p for p, _ in jobs]
     rewards = []

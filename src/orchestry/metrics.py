@@ -52,6 +52,28 @@ def bootstrap_ci(
     return percentile_interval([sum(rng.choices(vals, k=n)) / n for _ in range(n_boot)], confidence)
 
 
+def mean_ci(values: Sequence[float], confidence: float, n_boot: int, seed: int) -> dict:
+    """``{mean, ci_low, ci_high, n}`` (percentile bootstrap over the values; NaN when empty)."""
+    lo, hi = bootstrap_ci(list(values), confidence, n_boot, seed)
+    return {
+        "mean": sum(values) / len(values) if values else float("nan"),
+        "ci_low": lo,
+        "ci_high": hi,
+        "n": len(values),
+    }
+
+
+def flat_numbers(d: dict, prefix: str = "") -> dict:
+    """The numbers of a nested dict by ``a/b/c`` path (bools and other values left out), for MLflow metrics."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat_numbers(v, f"{prefix}{k}/"))
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def is_pass(r: dict) -> bool:
     return r.get("total_asserts", 0) > 0 and r.get("passed", 0) == r.get("total_asserts", 0)
 

@@ -4,6 +4,8 @@ Sections: the metrics table of all methods with bootstrap confidence intervals, 
 with vs without its learned behaviours, the learned orchestrator vs fixed pipelines, cost per method (tokens,
 wall seconds, USD), every figure under ``reports/figures/``, one example of each cooperation scheme, and the best
 and worst transcript of each evaluated method.
+Reading the inputs and formatting values: :mod:`orchestry.report_format`; the scheme and transcript sections:
+:mod:`orchestry.report_samples`.
 
 Inputs, all under ``<root>/reports/`` (the committed outputs of the DVC stages): ``metrics.json`` (evaluate),
 ``baselines/*.json(l)`` (baselines), ``eval/*.jsonl`` (evaluate), ``schemes.json`` and ``schemes_samples.jsonl``
@@ -23,18 +25,28 @@ from __future__ import annotations
 
 import datetime
 import html
-import json
-import math
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from orchestry.plots import METHOD_LABELS
+from orchestry.report_format import (
+    ReportError,
+    _ci,
+    _ci_dict,
+    _ci_of,
+    _code,
+    _get,
+    _json,
+    _jsonl,
+    _k_keys,
+    _label,
+    _num,
+    _table,
+    _usd,
+)
+from orchestry.report_samples import _records, _schemes_section, _transcripts_section
 from orchestry.results import results_note, results_rows
 
 #: Figures in page order, with their captions; any other ``figures/*.png`` follows under its file name.
@@ -56,14 +68,6 @@ FIGURES = {
 }
 
 #: One line per scheme of :data:`orchestry.schemes.SCHEMES` (the module docstring has the exact rules).
-SCHEME_DESCRIPTIONS = {
-    "fallback": "main tries aux and falls back to its own logic (try/except, a None check, `aux(x) or ...`).",
-    "strategy_filter": "aux's result chooses a branch (if/while/conditional test, `filter(aux, xs)`).",
-    "coordinator": "main calls aux repeatedly and combines the results (loop, comprehension, `map(aux, xs)`).",
-    "decorator": "main calls aux once and adds pre- or post-processing.",
-    "wrapper": "main only returns aux's value.",
-    "none": "aux is never called by the entry point (or the code does not parse).",
-}
 
 #: Column of the orchestrator tables: the summary's ``objective``, the undiscounted return of Puppeteer's rewards
 #: (R_t = -lambda c_t, then R_T = r - lambda C_T): r - 2 lambda C, each cost counted once while running and once at
@@ -100,107 +104,6 @@ pre { background: #f6f8fa; border: 1px solid #ddd; padding: .6em; overflow-x: au
 .sample.worst { border-left-color: #c44e52; }
 .note { color: #555; font-size: .9em; }
 """
-
-
-MISSING_SAMPLES = (
-    "the per-sample files (reports/eval/*.jsonl, reports/baselines/*.jsonl, reports/schemes_samples.jsonl) "
-    "are DVC outputs kept out of git; run `dvc pull` or `dvc repro` to get them."
-)
-
-
-class ReportError(ValueError):
-    """An input of the report is missing or malformed; the message (one line) names the file."""
-
-
-# ---------------------------------------------------------------- reading the inputs
-
-
-def _read(path: Path, parse: Callable[[str], Any]) -> Any:
-    try:
-        return parse(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ReportError(f"missing input {path}") from None
-    except (OSError, ValueError) as e:
-        raise ReportError(
-            f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        ) from e
-
-
-def _json(path: Path) -> Any:
-    return _read(path, json.loads)
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return _read(path, lambda text: [json.loads(line) for line in text.splitlines() if line.strip()])
-
-
-def _get(obj: Any, *keys: str, source: Path) -> Any:
-    """``obj[k1][k2]...``, or a ReportError naming the missing key and the file."""
-    for i, k in enumerate(keys):
-        if not isinstance(obj, dict) or k not in obj:
-            raise ReportError(f"{source}: missing key {'.'.join(keys[: i + 1])}")
-        obj = obj[k]
-    return obj
-
-
-# ---------------------------------------------------------------- formatting
-
-
-def _num(v: Any, digits: int = 2) -> str:
-    """A number with thousands separators and ``digits`` decimals (integers as they are); "—" when
-    missing or not finite; anything else as its text."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return f"{v:,}"
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return "—" if v is None else str(v)
-    return f"{x:,.{digits}f}" if math.isfinite(x) else "—"
-
-
-def _ci(mean: Any, low: Any, high: Any, digits: int = 2) -> str:
-    """``mean [low, high]``; just the mean when the interval is unknown."""
-    if low is None or high is None:
-        return _num(mean, digits)
-    return f"{_num(mean, digits)} [{_num(low, digits)}, {_num(high, digits)}]"
-
-
-def _ci_of(stats: dict, key: str, digits: int = 2) -> str:
-    """From a flat dict with ``key``, ``key_ci_low`` and ``key_ci_high`` (``reports/metrics.json`` style)."""
-    return _ci(stats.get(key), stats.get(f"{key}_ci_low"), stats.get(f"{key}_ci_high"), digits)
-
-
-def _ci_dict(stats: dict | None, digits: int = 2) -> str:
-    """From ``{"mean", "ci_low", "ci_high"}`` (the API-GRPO and orchestrator summaries)."""
-    if not stats:
-        return "—"
-    return _ci(stats.get("mean"), stats.get("ci_low"), stats.get("ci_high"), digits)
-
-
-def _usd(v: Any) -> str:
-    text = _num(v, 4)
-    return text if text == "—" or not text[-1].isdigit() else f"${text}"
-
-
-def _table(rows: list[dict]) -> str:
-    """An HTML table (pandas) of ``rows``, one column per key, the first naming the row; cells are escaped."""
-    table = pd.DataFrame(rows).fillna("—").to_html(classes="data", border=0, escape=True, index=False)
-    return f'<div class="table">{table}</div>'
-
-
-def _code(text: Any) -> str:
-    return f"<pre><code>{html.escape(str(text or ''))}</code></pre>"
-
-
-def _label(method: str) -> str:
-    return METHOD_LABELS.get(method, method)
-
-
-def _k_keys(methods: dict, prefix: str) -> list[str]:
-    """``pass@1``, ``pass@2``, ... present in any method, sorted by k."""
-    pat = re.compile(rf"^{re.escape(prefix)}@(\d+)$")
-    ks = {int(m.group(1)) for stats in methods.values() for k in stats if (m := pat.match(k))}
-    return [f"{prefix}@{k}" for k in sorted(ks)]
 
 
 # ---------------------------------------------------------------- sections
@@ -554,100 +457,6 @@ def _provenance_section(info: Mapping[str, Any]) -> str:
         f"<p>MLflow runs of this pipeline execution (open while <code>orchestry ui</code> serves {html.escape(base)}; "
         "stages whose outputs came from the DVC cache ran in an earlier execution):</p>"
         f"<ul>{''.join(items)}</ul>"
-    )
-
-
-def _sample_html(r: dict, title: str, css: str = "", scheme: str | None = None) -> str:
-    levels = ", ".join(f"{lv} {_num(r.get(lv))}" for lv in ("structure", "syntax", "tests", "cooperation"))
-    reasons = r.get("reasons") or []
-    reasons_html = (
-        "<ul>" + "".join(f"<li>{html.escape(str(x))}</li>" for x in reasons) + "</ul>" if reasons else ""
-    )
-    return (
-        f'<div class="sample {css}"><h4>{html.escape(title)}</h4>'
-        f"<p>{html.escape(str(r.get('task_id')))}, sample {html.escape(str(r.get('sample')))}: joint reward "
-        f"<b>{_num(r.get('total'))}</b> ({levels}); {_num(r.get('passed'))}/{_num(r.get('total_asserts'))} "
-        f"asserts passed; scheme <code>{html.escape(str(scheme or r.get('scheme')))}</code>.</p>{reasons_html}"
-        f"<p>helper's answer</p>{_code(r.get('helper'))}<p>main's answer</p>{_code(r.get('main'))}</div>"
-    )
-
-
-def _records(reports: Path) -> dict[str, list[dict]]:
-    """Every evaluated sample: ``{method: records}``, methods named as in ``schemes_samples.jsonl``."""
-    out = {f.stem: _jsonl(f) for f in sorted((reports / "eval").glob("*.jsonl"))}
-    for f in sorted((reports / "baselines").glob("*.jsonl")):
-        out[f"baseline_{f.stem}"] = _jsonl(f)
-    return out
-
-
-def _rank(r: dict) -> tuple[float, int]:
-    """Order of samples: joint reward, then passed asserts."""
-    return float(r.get("total") or 0.0), int(r.get("passed") or 0)
-
-
-def _schemes_section(
-    schemes: dict, samples: list[dict] | None, records: dict[str, list[dict]], src: Path
-) -> str:
-    names = _get(schemes, "schemes", source=src)
-    dist = _get(schemes, "distribution", source=src)
-    table = [
-        {
-            "method": _label(m),
-            **{s: _num(d.get(s)) for s in names},
-            "samples": _num(schemes.get("samples", {}).get(m)),
-        }
-        for m, d in dist.items()
-    ]
-    head = "<p>Share of samples per scheme of main's code (test split).</p>" + _table(table)
-    if samples is None:
-        return head + f'<p class="note">No examples: {MISSING_SAMPLES}</p>'
-    by_key = {(m, str(r.get("task_id")), str(r.get("sample"))): r for m, rs in records.items() for r in rs}
-    preference = {"magrpo": 0, "base": 1}  # the trained agents first, then the base agents, then baselines
-    parts = []
-    for scheme in names:
-        parts.append(
-            f'<h3 id="scheme-{scheme}">{scheme}</h3><p>{html.escape(SCHEME_DESCRIPTIONS.get(scheme, ""))}'
-        )
-        candidates = []
-        for i, s in enumerate(samples):
-            if s.get("scheme") != scheme or s.get("method") not in records:
-                continue
-            r = by_key.get((s["method"], str(s.get("task_id")), str(s.get("sample"))))
-            if r is None:
-                raise ReportError(
-                    f"{src.parent / 'schemes_samples.jsonl'}: sample {s['method']} {s.get('task_id')} "
-                    f"#{s.get('sample')} is not in the method's file under reports/eval or reports/baselines"
-                )
-            candidates.append((preference.get(s["method"], 2), -_rank(r)[0], -_rank(r)[1], i, s["method"], r))
-        if not candidates:
-            seen = any(s.get("scheme") == scheme for s in samples)
-            parts.append(
-                f" {'Its samples are not available: ' + MISSING_SAMPLES if seen else 'No sample has this scheme.'}</p>"
-            )
-            continue
-        *_, method, r = min(candidates, key=lambda c: c[:4])
-        parts.append("</p>" + _sample_html(r, f"Example ({_label(method)})", scheme=scheme))
-    return head + "".join(parts)
-
-
-def _transcripts_section(reports: Path, records: dict[str, list[dict]]) -> str:
-    """Best and worst sample of each evaluated method (``reports/eval``), from the records read by :func:`_records`."""
-    parts = []
-    for f in sorted((reports / "eval").glob("*.jsonl")):
-        rows = records[f.stem]
-        if not rows:
-            continue
-        best, worst = max(rows, key=_rank), min(rows, key=_rank)
-        label = _label(f.stem)
-        parts.append(
-            f"<h3>{html.escape(label)}</h3>"
-            + _sample_html(best, f"Best of {len(rows)} samples ({label})")
-            + _sample_html(worst, f"Worst of {len(rows)} samples ({label})", "worst")
-        )
-    if not parts:
-        return f'<p class="note">No transcripts: {MISSING_SAMPLES}</p>'
-    return "<p>Highest and lowest joint reward (ties: more passed asserts, then the first).</p>" + "".join(
-        parts
     )
 
 

@@ -3,7 +3,7 @@
 Key: SHA-256 of the backend's identity (``identity()``: backend, model, server URL and seed for the API
 backends; weights' fingerprint, dtype, seed and batch size for the local one) plus the request's messages,
 system prompt, sampling parameters (max_tokens, temperature, top_p) and sample index
-(:meth:`orchestry.llm.backends.ChatRequest.key_fields`). The same stage run twice with the same params
+(:meth:`orchestry.llm.chat.ChatRequest.key_fields`). The same stage run twice with the same params
 therefore sends no request the second time, a run stopped by the budget or a crash resumes for free up to
 where it stopped, and runs that differ in anything that changes a sample (e.g. the seeds of a sweep) never
 share one.
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orchestry.llm.backends import BackendConfigError, ChatModel, ChatRequest, ChatResult, as_messages
+from orchestry.llm.chat import BackendConfigError, ChatModel, ChatRequest, ChatResult, as_messages
 from orchestry.llm.cost import CostTracker, estimate_tokens
 
 log = logging.getLogger("orchestry.llm.cache")
@@ -204,7 +204,7 @@ class _Writes:
 
 
 class CachedChat:
-    """A :class:`~orchestry.llm.backends.ChatModel` behind the response cache, the cost tracker and the budget.
+    """A :class:`~orchestry.llm.chat.ChatModel` behind the response cache, the cost tracker and the budget.
 
     For each batch: cache hits are answered from sqlite (counted as cached, free); identical requests in
     the batch are sent once; before anything is sent the worst-case cost of all misses (input tokens

@@ -18,7 +18,7 @@ from orchestry.code_ast import safe_parse, top_level_function
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
 from orchestry.rewards.code import RewardConfig, extract_code, level_rewards
 from orchestry.schemes import SCHEMES, aux_call_info, detect_scheme
-from orchestry.tasks.common import Turn, answer_features, answer_guides
+from orchestry.tasks.common import Turn, answer_features, answer_guides, finished
 
 if TYPE_CHECKING:
     from orchestry.sandbox import Sandbox
@@ -89,7 +89,7 @@ class CodeCollaboration:
         if len(turns) == 1:
             helper_code = extract_code(turns[0].text)[0] if self.main_sees_helper else ""
             return MAIN_SYSTEM, problem.main_prompt(helper_code or None, behaviors=behaviors.get("main", ""))
-        raise ValueError(f"{self.name} has {len(self.roles)} turns; got a transcript of {len(turns)}")
+        raise finished(self, turns)
 
     def score(
         self, problems: Sequence[Problem], transcripts: Sequence[Sequence[Turn]], sandbox: Sandbox

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from orchestry.code_ast import safe_parse, top_level_function
 from orchestry.problems import SINGLE_SYSTEM, Problem
 from orchestry.rewards.code import RewardConfig, extract_code, single_rewards
-from orchestry.tasks.common import Turn, answer_features, answer_guides, with_guidelines
+from orchestry.tasks.common import Turn, answer_features, answer_guides, write_review_revise
 
 if TYPE_CHECKING:
     from orchestry.sandbox import Sandbox
@@ -85,24 +85,23 @@ class CodeReview:
         Raises:
             ValueError: the episode is already finished.
         """
-        if not turns:
-            return SINGLE_SYSTEM, with_guidelines(problem.single_prompt(), behaviors.get("writer", ""))
-        code = extract_code(turns[0].text)[0] or turns[0].text
-        if len(turns) == 1:
-            user = (
+
+        def review(code: str) -> tuple[str, str]:
+            return REVIEWER_SYSTEM, (
                 f"Review this solution of the problem below. List concrete bugs, missed edge cases and "
                 f"simplifications, briefly. Do not rewrite the whole function.\n\nProblem:\n{problem.prompt}\n"
                 f"Solution:\n```python\n{code}\n```"
             )
-            return REVIEWER_SYSTEM, with_guidelines(user, behaviors.get("reviewer", ""))
-        if len(turns) == 2:
-            user = (
+
+        def refactor(code: str, review: str) -> tuple[str, str]:
+            return REFACTORER_SYSTEM, (
                 f"Problem:\n{problem.prompt}\nCurrent solution:\n```python\n{code}\n```\n"
-                f"Review:\n{turns[1].text.strip()}\n\nWrite the complete improved function "
+                f"Review:\n{review}\n\nWrite the complete improved function "
                 f"`{problem.entry_point}` in one ```python block."
             )
-            return REFACTORER_SYSTEM, with_guidelines(user, behaviors.get("refactorer", ""))
-        raise ValueError(f"{self.name} has {len(self.roles)} turns; got a transcript of {len(turns)}")
+
+        write = (SINGLE_SYSTEM, problem.single_prompt())
+        return write_review_revise(self, turns, behaviors, write, review, refactor)
 
     def score(
         self, problems: Sequence[Problem], transcripts: Sequence[Sequence[Turn]], sandbox: Sandbox

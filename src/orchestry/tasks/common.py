@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -84,6 +84,43 @@ class Task(Protocol):
 def with_guidelines(text: str, behaviors: str) -> str:
     """Append learned guidelines the way :meth:`orchestry.problems.Problem.helper_prompt` does."""
     return text + (GUIDELINES_HEADER + behaviors if behaviors else "")
+
+
+def next_message(
+    task: Task, turns: Sequence[Turn], behaviors: Mapping[str, str], system: str, user: str
+) -> tuple[str, str]:
+    """``(system, user)`` for the agent of the next turn, ``user`` with the guidelines learned for its role."""
+    return system, with_guidelines(user, behaviors.get(task.roles[len(turns)], ""))
+
+
+def finished(task: Task, turns: Sequence[Turn]) -> ValueError:
+    """The error of ``messages`` on an episode that has had all its turns."""
+    return ValueError(f"{task.name} has {len(task.roles)} turns; got a transcript of {len(turns)}")
+
+
+def write_review_revise(
+    task: Task,
+    turns: Sequence[Turn],
+    behaviors: Mapping[str, str],
+    write: tuple[str, str],
+    review: Callable[[str], tuple[str, str]],
+    revise: Callable[[str, str], tuple[str, str]],
+) -> tuple[str, str]:
+    """The next message of a three-turn ``writer -> reviewer -> reviser`` episode: ``write`` is the writer's
+    ``(system, user)``; ``review(draft)`` and ``revise(draft, review)`` make the others' from the code of the
+    writer's answer (the answer itself when it holds none) and the reviewer's answer.
+
+    Raises:
+        ValueError: the episode is already finished.
+    """
+    if not turns:
+        return next_message(task, turns, behaviors, *write)
+    if len(turns) > 2:
+        raise finished(task, turns)
+    draft = extract_code(turns[0].text)[0] or turns[0].text
+    if len(turns) == 1:
+        return next_message(task, turns, behaviors, *review(draft))
+    return next_message(task, turns, behaviors, *revise(draft, turns[1].text.strip()))
 
 
 def part_weights(params: object, parts: Sequence[str]) -> dict[str, float]:

@@ -36,7 +36,7 @@ from orchestry.code_ast import safe_parse, top_level_function
 from orchestry.problems import Problem
 from orchestry.rewards.code import extract_code
 from orchestry.sandbox import Job
-from orchestry.tasks.common import Turn, checked_result_line, part_weights, with_guidelines
+from orchestry.tasks.common import Turn, checked_result_line, part_weights, write_review_revise
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoDocumentationParams
@@ -277,24 +277,22 @@ class Documentation:
             "describes every parameter and the return value and gives doctest examples (>>> lines with "
             "their exact output)."
         )
-        if not turns:
-            user = f"Write a docstring for this Python function.\n```python\n{code}\n```\n{ask}"
-            return WRITER_SYSTEM, with_guidelines(user, behaviors.get("writer", ""))
-        draft = extract_code(turns[0].text)[0] or turns[0].text
-        if len(turns) == 1:
-            user = (
+
+        def review(draft: str) -> tuple[str, str]:
+            return REVIEWER_SYSTEM, (
                 f"Review the docstring of this function. Point out parameters or the return value left "
                 f"undescribed, examples whose output is wrong, and any change to the code. Be brief.\n\n"
                 f"Original code:\n```python\n{code}\n```\nDocumented version:\n```python\n{draft}\n```"
             )
-            return REVIEWER_SYSTEM, with_guidelines(user, behaviors.get("reviewer", ""))
-        if len(turns) == 2:
-            user = (
+
+        def edit(draft: str, review: str) -> tuple[str, str]:
+            return EDITOR_SYSTEM, (
                 f"Original code:\n```python\n{code}\n```\nDraft with docstring:\n```python\n{draft}\n```\n"
-                f"Review:\n{turns[1].text.strip()}\n\nApply the review. {ask}"
+                f"Review:\n{review}\n\nApply the review. {ask}"
             )
-            return EDITOR_SYSTEM, with_guidelines(user, behaviors.get("editor", ""))
-        raise ValueError(f"{self.name} has {len(self.roles)} turns; got a transcript of {len(turns)}")
+
+        write = (WRITER_SYSTEM, f"Write a docstring for this Python function.\n```python\n{code}\n```\n{ask}")
+        return write_review_revise(self, turns, behaviors, write, review, edit)
 
     # ---- reward ------------------------------------------------------------------------------------------------
     def _static(self, problem: Problem, answer: str) -> tuple[dict, Job | None]:

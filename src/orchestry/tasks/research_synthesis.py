@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestry.tasks.common import Turn, checked_result_line, part_weights, with_guidelines
+from orchestry.tasks.common import Turn, checked_result_line, finished, next_message, part_weights
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoResearchParams
@@ -172,14 +172,13 @@ class ResearchSynthesis:
         """
         first, second = self._halves(problem)
         if len(turns) < 2:
-            role = self.roles[len(turns)]
             mine = first if not turns else second
             user = (
                 f"Question: {problem.question}\n\nSources:\n{render(mine)}\n\nWrite short notes on what these "
                 "sources say about the question. End each note with the id of its source in brackets, like "
                 f"[{mine[0][0]}]."
             )
-            return RESEARCHER_SYSTEM, with_guidelines(user, behaviors.get(role, ""))
+            return next_message(self, turns, behaviors, RESEARCHER_SYSTEM, user)
         if len(turns) == 2:
             user = (
                 f"Question: {problem.question}\n\nSources:\n{render(problem.passages)}\n\n"
@@ -187,8 +186,8 @@ class ResearchSynthesis:
                 f"\n\nAnswer the question in at most {self.params.max_words} words, using only the sources. End "
                 "every sentence with the ids of the sources that support it, like [P1] or [P1, P2]."
             )
-            return SYNTHESISER_SYSTEM, with_guidelines(user, behaviors.get("synthesiser", ""))
-        raise ValueError(f"{self.name} has {len(self.roles)} turns; got a transcript of {len(turns)}")
+            return next_message(self, turns, behaviors, SYNTHESISER_SYSTEM, user)
+        raise finished(self, turns)
 
     def check(self, bundle: Bundle, answer: str) -> dict:
         """The checked parts of one answer (each 0-1), the weighted ``total`` and ``reasons``."""

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestry.tasks.common import Turn, checked_result_line, part_weights, with_guidelines
+from orchestry.tasks.common import Turn, checked_result_line, finished, next_message, part_weights
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoStoryParams
@@ -244,15 +244,15 @@ class Story:
             ValueError: the episode is already finished.
         """
         if not turns:
-            return WRITER_SYSTEM, with_guidelines(problem.prompt, behaviors.get("writer", ""))
+            return next_message(self, turns, behaviors, WRITER_SYSTEM, problem.prompt)
         if len(turns) == 1:
             user = (
                 f"{problem.prompt}\n\nThe writer's draft:\n{turns[0].text.strip()}\n\n"
                 "Edit the draft so that it meets every constraint. Answer with the final story only, "
                 "title line first."
             )
-            return EDITOR_SYSTEM, with_guidelines(user, behaviors.get("editor", ""))
-        raise ValueError(f"{self.name} has {len(self.roles)} turns; got a transcript of {len(turns)}")
+            return next_message(self, turns, behaviors, EDITOR_SYSTEM, user)
+        raise finished(self, turns)
 
     # ---- reward ------------------------------------------------------------------------------------------------
     def check(self, spec: StorySpec, answer: str) -> dict:

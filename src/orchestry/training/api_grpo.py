@@ -2,10 +2,10 @@
 
 ``run_api_grpo`` is what the ``train_api_grpo`` stage calls:
 
-1. **clients** (:func:`open_clients`, before any other work): backend from ``api_grpo.backend`` (a missing key,
-   ``base_url`` or price, or an unreachable server raises here), behind the sqlite response cache and the
-   cost tracker with the hard budget (training may spend ``1 - eval_budget_fraction`` of it; the rest is
-   kept for the evaluation);
+1. **clients** (:func:`open_clients`, :mod:`orchestry.training.api_grpo_setup`, before any other work):
+   backend from ``api_grpo.backend`` (a missing key, ``base_url`` or price, or an unreachable server raises
+   here), behind the sqlite response cache and the cost tracker with the hard budget (training may spend
+   ``1 - eval_budget_fraction`` of it; the rest is kept for the evaluation);
 2. **training**: ``num_episodes`` episodes over the seeded-shuffled train problems, ``behavior_every`` (m)
    at a time in lockstep (:func:`orchestry.algorithms.api_grpo.beam_search`); the value of a trajectory is
    the task's executable reward R, mixed with the LLM judge when enabled:
@@ -16,7 +16,8 @@
    width 1: the policy's own answers) per problem WITH the final guidelines and WITHOUT any, scored by the
    executable reward only; means with percentile-bootstrap CIs (``intervals`` params) and the paired difference;
 4. **outputs** under ``out_dir``: ``episodes.jsonl``, ``rewards.csv``, ``learned_behaviors.json``,
-   ``summary.json`` -- rewritten after every block, so a budget stop or a crash keeps everything finished.
+   ``summary.json`` (tables: :mod:`orchestry.training.api_grpo_outputs`) -- rewritten after every block, so a
+   budget stop or a crash keeps everything finished.
 
 Human overrides (:mod:`orchestry.overrides`, ``data/overrides.jsonl``): a complete trajectory whose id has one
 gets the person's score as its reward and its value (training and evaluation alike), so the advantages, the
@@ -43,26 +44,21 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestry.algorithms.api_grpo import EpisodeSearch, Trajectory, beam_search
 from orchestry.algorithms.behaviors import Guideline, LibraryUpdate, extract_behaviors
-from orchestry.llm.backends import BackendConfigError, ChatRequest, make_backend
-from orchestry.llm.cache import CachedChat, ResponseCache
-from orchestry.llm.cost import BudgetExceeded, CostTracker, require_price
-from orchestry.metrics import bootstrap_ci
+from orchestry.llm.backends import ChatRequest
+from orchestry.llm.cost import BudgetExceeded
 from orchestry.overrides import Override, apply_override, trajectory_id
 from orchestry.problems import Problem
 from orchestry.progress import progress_bar
 from orchestry.rewards.judge import Judge, judge_agreement, judge_prompt
-from orchestry.tasks.code_collaboration import CodeCollaboration
-from orchestry.tasks.code_review import CodeReview
-from orchestry.tasks.common import Task, Turn
-from orchestry.tasks.documentation import Documentation
-from orchestry.tasks.research_synthesis import ResearchSynthesis
-from orchestry.tasks.story import Story
+from orchestry.tasks.common import Turn
+from orchestry.training.api_clients import repo_relative
+from orchestry.training.api_grpo_outputs import CSV_FIELDS, compare_arms, override_summary, trajectory_rows
+from orchestry.training.api_grpo_setup import Clients, make_task, open_clients
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoParams, SamplingParams
@@ -73,129 +69,6 @@ log = logging.getLogger("orchestry.training.api_grpo")
 EVAL_SAMPLE_STRIDE = (
     1000  # visit/sample v of a problem uses sample indices v * 1000 + j (distinct cache entries)
 )
-CSV_FIELDS = [
-    "phase", "arm", "episode", "task_id", "trajectory", "selected", "in_final_beam", "value", "reward",
-    "judge", "advantage", "structure", "syntax", "tests", "cooperation", "passed", "total_asserts", "scheme",
-    "behaviors_version", "episode_usd", "episode_tokens", "cum_usd", "cum_tokens", "id", "overridden",
-    "automatic_reward",
-]  # fmt: skip
-
-
-@dataclass
-class Clients:
-    """The cached, costed clients of one run and the sampling settings resolved from params."""
-
-    chat: CachedChat
-    judge_chat: CachedChat | None
-    tracker: CostTracker
-    cache: ResponseCache
-    max_tokens: int
-    temperature: float | None
-    top_p: float | None
-
-    def close(self) -> None:
-        self.cache.close()
-        for c in {
-            id(x): x for x in (self.chat.inner, self.judge_chat.inner if self.judge_chat else None) if x
-        }.values():
-            getattr(c, "close", lambda: None)()
-
-
-def resolve_path(path: str | Path) -> Path:
-    """``path`` relative to the repository root (``DVC_ROOT`` in DVC experiments), absolute kept."""
-    from orchestry.tracking import repo_root
-
-    p = Path(path)
-    return p if p.is_absolute() else repo_root() / p
-
-
-def repo_relative(path: str | Path) -> str:
-    """The inverse of :func:`resolve_path`: ``path`` relative to the repository root when it lies inside it (so
-    the metrics a stage writes do not depend on where the repository was cloned), else as given."""
-    from orchestry.tracking import repo_root
-
-    try:
-        return Path(path).resolve().relative_to(repo_root()).as_posix()
-    except ValueError:
-        return str(path)
-
-
-def open_clients(
-    cfg: ApiGrpoParams,
-    sampling: SamplingParams,
-    model_path: str = "models/base",
-    model_dtype: str = "float32",
-    cache_path: str | Path | None = None,
-) -> Clients:
-    """Build backend(s), cache and cost tracker; every misconfiguration raises here, before any work.
-
-    Order of checks: model name, API key (``BackendConfigError`` naming the variable), price
-    (``PriceError`` naming ``api_grpo.prices``), server reachability (``preflight``), then the cache file.
-
-    Raises:
-        BackendConfigError, PriceError: see above.
-    """
-    local = cfg.backend == "local"
-    if not local and not cfg.model:
-        raise BackendConfigError(f"the {cfg.backend} backend needs a model name: set api_grpo.model")
-    common = dict(
-        base_url=cfg.base_url,
-        api_key_env=cfg.api_key_env,
-        timeout_s=cfg.timeout_s,
-        max_retries=cfg.max_retries,
-        concurrency=cfg.concurrency,
-        seed=cfg.seed,
-        local_model_path=model_path,
-        local_dtype=model_dtype,
-        local_batch_size=cfg.local_batch_size,
-    )
-    policy = make_backend(cfg.backend, cfg.model, **common)
-    policy.price = require_price(policy.model, cfg.prices, local, cfg.budget_usd)
-    judge_backend = None
-    if cfg.judge.enabled:
-        if cfg.judge.model and cfg.judge.model != cfg.model:
-            judge_backend = make_backend(
-                cfg.backend, cfg.judge.model, shared_local=policy if local else None, **common
-            )
-            judge_backend.price = require_price(judge_backend.model, cfg.prices, local, cfg.budget_usd)
-        else:
-            judge_backend = policy
-    if cfg.preflight:
-        policy.preflight()
-        if judge_backend is not None and judge_backend is not policy:
-            judge_backend.preflight()
-    limit = None if cfg.budget_usd is None else cfg.budget_usd * (1 - cfg.eval_budget_fraction)
-    tracker = CostTracker(budget_usd=cfg.budget_usd, limit_usd=limit)
-    cache = ResponseCache(cache_path or resolve_path(cfg.cache_path))
-    chat = CachedChat(policy, cache, tracker)
-    judge_chat = None
-    if judge_backend is not None:
-        judge_chat = chat if judge_backend is policy else CachedChat(judge_backend, cache, tracker)
-    if local:
-        temperature = cfg.temperature if cfg.temperature is not None else sampling.temperature
-        top_p = cfg.top_p if cfg.top_p is not None else sampling.top_p
-    elif (
-        cfg.backend == "anthropic"
-    ):  # recent Claude models reject sampling parameters: send only explicit ones
-        temperature, top_p = cfg.temperature, cfg.top_p
-    else:
-        temperature = cfg.temperature if cfg.temperature is not None else sampling.temperature
-        top_p = cfg.top_p if cfg.top_p is not None else sampling.top_p
-    max_tokens = cfg.max_tokens or sampling.max_completion_length
-    return Clients(chat, judge_chat, tracker, cache, max_tokens, temperature, top_p)
-
-
-def make_task(cfg: ApiGrpoParams) -> Task:
-    """The task named in ``api_grpo.task``."""
-    if cfg.task == "code_review":
-        return CodeReview()
-    if cfg.task == "story":
-        return Story(cfg.story)
-    if cfg.task == "documentation":
-        return Documentation(cfg.documentation)
-    if cfg.task == "research_synthesis":
-        return ResearchSynthesis(cfg.research, root=resolve_path("."))
-    return CodeCollaboration(main_sees_helper=cfg.main_sees_helper)
 
 
 def _render(turns: Sequence[Turn]) -> str:
@@ -616,33 +489,6 @@ class ApiGrpoRun:
         self.seconds["eval"] = time.time() - t0
 
     # ---- outputs ----------------------------------------------------------------------------------------------
-    def rows(self) -> list[dict]:
-        """One ``rewards.csv`` row per trajectory of every episode, with cumulative cost in episode order."""
-        out, cum_usd, cum_tok = [], 0.0, 0
-        for rec in self.episodes:
-            cum_usd += rec["cost"]["usd"]
-            cum_tok += rec["cost"]["tokens"]
-            for t in rec["trajectories"]:
-                r = t["reward"]
-                out.append(
-                    {
-                        "phase": rec["phase"], "arm": rec["arm"], "episode": rec["episode"], "task_id": rec["task_id"],
-                        "trajectory": t["index"], "selected": int(t["selected"]), "in_final_beam": int(t["in_final_beam"]),
-                        "value": round(t["value"], 6), "reward": r.get("total", 0.0),
-                        "judge": "" if not t["judge"] else round(t["judge"]["combined"], 3),
-                        "advantage": round(t["advantage"], 6), "structure": r.get("structure", 0.0),
-                        "syntax": r.get("syntax", 0.0), "tests": r.get("tests", 0.0),
-                        "cooperation": r.get("cooperation", 0.0), "passed": r.get("passed", 0),
-                        "total_asserts": r.get("total_asserts", 0), "scheme": r.get("scheme", ""),
-                        "behaviors_version": rec["behaviors_version"], "episode_usd": rec["cost"]["usd"],
-                        "episode_tokens": rec["cost"]["tokens"], "cum_usd": cum_usd, "cum_tokens": cum_tok,
-                        "id": t["id"], "overridden": int("override" in r),
-                        "automatic_reward": r.get("automatic_total", r.get("total", 0.0)),
-                        **{f"part_{k}": r.get(k, 0.0) for k in self.parts},
-                    }
-                )  # fmt: skip
-        return out
-
     def summary(self) -> dict:
         """``summary.json``: eval comparison, training rewards, cost, cache, budget.
 
@@ -711,24 +557,9 @@ class ApiGrpoRun:
                 "neutral_fallbacks": self.judge.failures if self.judge else 0,
                 **({"agreement": self.judge_agreement()} if self.judge else {}),
             },
-            "overrides": self.override_summary(),
+            "overrides": override_summary(self.episodes, len(self.overrides)),
             "seconds": self.seconds,
         }
-
-    def override_summary(self) -> dict:
-        """Human overrides met in this run: how many were read, which ids were applied, and per applied id the
-        automatic and the human reward (the report lists them)."""
-        rows = {}
-        for rec in self.episodes:
-            for t in rec["trajectories"]:
-                o = t["reward"].get("override")
-                if o is not None and t["id"] not in rows:
-                    rows[t["id"]] = {
-                        "id": t["id"], "phase": rec["phase"], "episode": rec["episode"], "task_id": rec["task_id"],
-                        "automatic": t["reward"].get("automatic_total", 0.0), "human": o["score"],
-                        "note": o["note"], "who": o["who"],
-                    }  # fmt: skip
-        return {"read": len(self.overrides), "applied": len(rows), "rows": list(rows.values())}
 
     def write_outputs(self) -> dict:
         """Write the four outputs (atomically per file) and return the summary."""
@@ -746,7 +577,7 @@ class ApiGrpoRun:
         def write_csv(f) -> None:
             w = csv.DictWriter(f, fieldnames=CSV_FIELDS + [f"part_{k}" for k in self.parts])
             w.writeheader()
-            w.writerows(self.rows())
+            w.writerows(trajectory_rows(self.episodes, self.parts))
 
         atomic("rewards.csv", write_csv)
         library = {
@@ -766,33 +597,6 @@ class ApiGrpoRun:
         self.train()
         self.evaluate()
         return self.write_outputs()
-
-
-def compare_arms(
-    with_: Sequence[float],
-    without: Sequence[float],
-    confidence: float = 0.95,
-    seed: int = 0,
-    n_boot: int = 1000,
-) -> dict:
-    """Means of both arms with percentile-bootstrap CIs, and the paired difference (with - without).
-
-    ``with_[i]`` and ``without[i]`` are the same problem and sample number. Returns ``{"with": {mean,
-    ci_low, ci_high, n}, "without": {...}, "difference": {...}}`` (NaN CIs for empty arms).
-    """
-
-    def stats(vals: Sequence[float], s: int) -> dict:
-        lo, hi = bootstrap_ci(list(vals), confidence, n_boot, seed=s)
-        return {
-            "mean": sum(vals) / len(vals) if vals else float("nan"),
-            "ci_low": lo,
-            "ci_high": hi,
-            "n": len(vals),
-        }
-
-    diffs = [a - b for a, b in zip(with_, without, strict=False)]
-    return {"with": stats(with_, seed), "without": stats(without, seed + 1), "difference": stats(diffs, seed + 2),
-            "confidence": confidence, "resamples": n_boot}  # fmt: skip
 
 
 def run_api_grpo(

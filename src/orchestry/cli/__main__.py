@@ -1,0 +1,5 @@
+"""``python -m orchestry.cli``: the ``orchestry`` command."""
+
+from orchestry.cli import app
+
+app()

@@ -1,0 +1,71 @@
+"""What the two API-model loops (API-GRPO and the learned orchestrator) share when they open their clients.
+
+Paths relative to the repository root, the options every chat backend of a run is made with, the cost tracker
+with the training share of the hard budget, and the sampling settings sent to the backend. Each loop's
+``open_clients`` (:mod:`orchestry.training.api_grpo_setup`, :mod:`orchestry.training.orchestrator`) builds
+on these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestry.llm.cost import CostTracker
+
+if TYPE_CHECKING:
+    from orchestry.config import ApiGrpoParams, SamplingParams, TrainOrchestratorParams
+
+
+def resolve_path(path: str | Path) -> Path:
+    """``path`` relative to the repository root (``DVC_ROOT`` in DVC experiments), absolute kept."""
+    from orchestry.tracking import repo_root
+
+    p = Path(path)
+    return p if p.is_absolute() else repo_root() / p
+
+
+def repo_relative(path: str | Path) -> str:
+    """The inverse of :func:`resolve_path`: ``path`` relative to the repository root when it lies inside it (so
+    the metrics a stage writes do not depend on where the repository was cloned), else as given."""
+    from orchestry.tracking import repo_root
+
+    try:
+        return Path(path).resolve().relative_to(repo_root()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def backend_options(
+    cfg: ApiGrpoParams | TrainOrchestratorParams, model_path: str, model_dtype: str
+) -> dict[str, Any]:
+    """The keyword arguments of :func:`orchestry.llm.backends.make_backend` that come from the loop's params."""
+    return dict(
+        base_url=cfg.base_url,
+        api_key_env=cfg.api_key_env,
+        timeout_s=cfg.timeout_s,
+        max_retries=cfg.max_retries,
+        concurrency=cfg.concurrency,
+        seed=cfg.seed,
+        local_model_path=model_path,
+        local_dtype=model_dtype,
+        local_batch_size=cfg.local_batch_size,
+    )
+
+
+def training_tracker(cfg: ApiGrpoParams | TrainOrchestratorParams) -> CostTracker:
+    """The run's cost tracker: the hard budget, of which training may spend ``1 - eval_budget_fraction``."""
+    limit = None if cfg.budget_usd is None else cfg.budget_usd * (1 - cfg.eval_budget_fraction)
+    return CostTracker(budget_usd=cfg.budget_usd, limit_usd=limit)
+
+
+def sampling_settings(
+    cfg: ApiGrpoParams | TrainOrchestratorParams, sampling: SamplingParams
+) -> tuple[float | None, float | None]:
+    """``(temperature, top_p)``: the loop's own values, else the ``sampling`` section's; recent Claude models
+    reject sampling parameters, so the ``anthropic`` backend gets only explicit ones."""
+    if cfg.backend == "anthropic":
+        return cfg.temperature, cfg.top_p
+    temperature = cfg.temperature if cfg.temperature is not None else sampling.temperature
+    top_p = cfg.top_p if cfg.top_p is not None else sampling.top_p
+    return temperature, top_p
