@@ -11,6 +11,10 @@ A pipeline execution is
 A metric is named ``stage:metric`` (the newest run of that stage in the execution that logged it, e.g.
 ``evaluate:magrpo/reward``) or ``metric`` (the newest run of any stage that logged it). ``@`` is written as MLflow
 stores it (``pass@1`` is ``pass_at_1``); either spelling is accepted.
+
+A stage DVC did not run in an execution (its outputs unchanged or restored from DVC's cache) has no run there; its
+metrics come from the run that the parent run links (tag ``cached_run.<stage>``,
+:func:`orchestry.tracking.link_cached_stages`): the run that made the outputs the execution used.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestry.tracking import metric_name
+from orchestry.tracking import CACHED_RUN_PREFIX, cached_run_tag, metric_name
 
 #: Evaluate's trained and base rewards (max 4.0), the trained pair's cooperation rate and pass@1, and MAGRPO's
 #: training reward (last quarter of the updates, and last minus first quarter).
@@ -81,13 +85,25 @@ def executions(
 
     Columns: ``execution`` (the DVC experiment name, ``workspace`` for a plain ``dvc repro``), ``git_revision``,
     ``params_hash`` (empty for flat runs), ``started`` (earliest run start, a UTC timestamp), ``stages`` (distinct
-    stage tags), ``status`` (the worst status of its runs: FAILED, KILLED, RUNNING, FINISHED), ``seconds`` (sum
-    of the stages' ``cost/wall_seconds``), then one column per entry of ``metrics`` (NaN where not logged).
+    stage tags of the runs it made), ``status`` (the worst status of its runs: FAILED, KILLED, RUNNING, FINISHED),
+    ``seconds`` (sum of its stages' ``cost/wall_seconds``), ``cached`` (stages it took from DVC's cache, linked to
+    the runs that made them: tags ``cached_run.<stage>`` of the parent run), then one column per entry of
+    ``metrics`` (NaN where not logged): a stage with no run in the execution is read from its linked run.
 
     Raises:
         CompareError: ``strict`` and a metric that no run (of the named stage) logged.
     """
-    cols = ["execution", "git_revision", "params_hash", "started", "stages", "status", "seconds", *metrics]
+    cols = [
+        "execution",
+        "git_revision",
+        "params_hash",
+        "started",
+        "stages",
+        "status",
+        "seconds",
+        "cached",
+        *metrics,
+    ]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     df = runs.copy()
@@ -110,10 +126,17 @@ def executions(
                 raise CompareError(
                     f"metric {name!r} was not logged by {where} (logged: {', '.join(known[:20]) or 'none'})"
                 )
+    by_id = df.set_index("run_id", drop=False)
+    link_cols = [c for c in df if c.startswith(f"tags.{CACHED_RUN_PREFIX}")]
     out = []
     for key, g in df.groupby("_group", sort=False):
         head = g[g["run_id"] == key]  # the parent run, when there is one
         info = head.iloc[0] if len(head) else g.iloc[-1]
+        # cached stages: tag cached_run.<stage> -> the run that made the outputs (when it is still in the store)
+        linked = {
+            c.removeprefix("tags."): info[c] for c in link_cols if len(head) and isinstance(info[c], str)
+        }
+        linked = {t: r for t, r in linked.items() if r in by_id.index}
         stages = g["tags.stage"].dropna()
         statuses = set(g["status"])
         row = {
@@ -130,12 +153,19 @@ def executions(
             "seconds": g[g["tags.stage"].notna()]
             .get("metrics.cost/wall_seconds", pd.Series(dtype=float))
             .sum(),
+            "cached": len(linked),
         }
         if pd.isna(row["execution"]):
             row["execution"] = "workspace"
+        cached = by_id.loc[list(linked.values())].sort_values("start_time", kind="stable")
         for spec in metrics:
             stage, name = _split(spec)
-            rows = g if stage is None else g[g["tags.stage"] == stage]
+            if stage is None:  # the newest run of this execution that logged it; cached stages' runs first
+                rows = pd.concat([cached, g]) if len(cached) else g
+            else:
+                rows = g[g["tags.stage"] == stage]
+                if rows.empty and cached_run_tag(stage) in linked:
+                    rows = by_id.loc[[linked[cached_run_tag(stage)]]]
             values = rows[f"metrics.{name}"].dropna() if f"metrics.{name}" in rows else pd.Series(dtype=float)
             row[spec] = values.iloc[-1] if len(values) else float("nan")
         out.append(row)

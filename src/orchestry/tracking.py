@@ -22,6 +22,16 @@ What a user sees (``orchestry ui``): every run carries the tags ``stage`` (stage
 the execution's key metrics (:func:`execution_metrics`) onto the parent run, so a collapsed runs table already
 compares executions. The experiment holds MLflow's shared view state (tag :data:`VIEW_TAG`) that selects those
 columns; :func:`runs_table_url` is the address of the runs table with that view.
+
+Stages DVC did not run (``dvc exp run -S plot.dpi=100`` runs only ``plot``: the others are unchanged or restored
+from DVC's run cache) have no run in the execution. So that the execution still lands complete, every stage run of
+a ``dvc.yaml`` stage, when it ends FINISHED, (1) tags itself ``outputs_digest`` (:func:`outputs_digest` of its
+stage's ``cache: false`` outputs, the small report files) and (2) links each upstream stage of it that did not run
+in this execution: the parent run gets the tag ``cached_run.<stage>`` (``@`` written ``_at_``) = the id of the
+newest FINISHED run of that stage whose ``outputs_digest`` is the digest of the outputs on disk, i.e. the run that
+made them (:func:`link_cached_stages`). Only upstream stages are linked, whose outputs are final when a stage that
+depends on them runs; ``plot`` depends on every stage, so its run links them all. ``orchestry compare`` reads a
+cached stage's metrics from the linked run (:func:`orchestry.compare.executions`).
 """
 
 from __future__ import annotations
@@ -62,6 +72,13 @@ VIEW_METRICS = (
     "test/orchestrator/learned/objective",
     "cost/magrpo/tokens_per_sample",
 )
+
+
+#: Tag of a stage run: :func:`outputs_digest` of its stage's uncached outputs as the run left them.
+OUTPUTS_TAG = "outputs_digest"
+#: Prefix of the parent-run tags that link a stage which did not run in the execution to the run that made its
+#: outputs (:func:`cached_run_tag`).
+CACHED_RUN_PREFIX = "cached_run."
 
 
 class StageTerminated(SystemExit):
@@ -195,7 +212,9 @@ def stage_run(
     Tags (parent and stage run): ``git_revision``, ``params_hash``, ``pipeline_execution`` (:func:`execution_key`),
     ``dvc_experiment`` (``DVC_EXP_NAME`` when set); the stage run also ``stage``. The experiment gets the runs
     table's view (:func:`set_runs_view`). The parent is marked RUNNING while a stage runs and ends with the status
-    of the stage that ended last. The metric ``cost/wall_seconds`` is logged when the block ends. The run ends FINISHED, FAILED on an exception, or
+    of the stage that ended last. The metric ``cost/wall_seconds`` is logged when the block ends; a FINISHED run of
+    a ``dvc.yaml`` stage then tags its outputs and links the upstream stages DVC did not run
+    (:func:`link_cached_stages`). The run ends FINISHED, FAILED on an exception, or
     KILLED on Ctrl-C or SIGTERM: inside the block (main thread only) a SIGTERM handler ends the run KILLED at
     once, then raises :class:`StageTerminated` so the stage unwinds (sandboxes, files closed) and the process
     exits 143; the previous handler is restored when the block ends.
@@ -231,6 +250,8 @@ def stage_run(
             return
         try:
             mlflow.log_metric("cost/wall_seconds", time.time() - t0)
+            if status == "FINISHED":
+                link_cached_stages(client, experiment_id, parent_id, run_id, stage)
         finally:
             try:
                 mlflow.end_run(status=status)
@@ -268,6 +289,103 @@ def stage_run(
         finally:
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+# ---------------------------------------------------------------- stages DVC did not run: links to their runs
+
+
+def cached_run_tag(stage: str) -> str:
+    """The parent-run tag that links ``stage`` (DVC's name, e.g. ``baselines@single``) to the run that made its
+    outputs: ``cached_run.<stage>``, ``@`` written ``_at_`` (MLflow rejects ``@`` in tag names)."""
+    return CACHED_RUN_PREFIX + metric_name(stage)
+
+
+def dvc_stages(root: str | Path = ".") -> dict[str, tuple[list[str], set[str]]]:
+    """The stages of ``<root>/dvc.yaml`` as DVC reads them (matrix stages expanded): stage name -> (its
+    ``cache: false`` outputs, paths relative to ``root``; the names of the stages it depends on, transitively).
+    ``{}`` when there is no ``dvc.yaml``."""
+    root = Path(root).resolve()
+    if not (root / "dvc.yaml").is_file():
+        return {}
+    import networkx as nx
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        graph = repo.index.graph  # edges run from a stage to the stages it depends on
+        return {
+            s.addressing: (
+                sorted(os.path.relpath(o.fs_path, root) for o in s.outs if not o.use_cache),
+                {u.addressing for u in nx.descendants(graph, s)},
+            )
+            for s in repo.index.stages
+            if s.cmd
+        }
+
+
+def outputs_digest(paths: list[str], root: str | Path = ".") -> str | None:
+    """SHA-256 (hex) of the names and bytes of ``paths`` (files, or folders: every file in them) under ``root``;
+    ``None`` when ``paths`` is empty or one is missing."""
+    root = Path(root)
+    h = hashlib.sha256()
+    if not paths:
+        return None
+    for rel in sorted(paths):
+        p = root / rel
+        if not p.exists():
+            return None
+        for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
+            if f.is_file():
+                h.update(f.relative_to(root).as_posix().encode() + b"\0")
+                h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def link_cached_stages(
+    client: Any, experiment_id: str, parent_id: str, run_id: str, stage: str
+) -> dict[str, str]:
+    """At the end of stage run ``run_id`` of ``stage``: tag it :data:`OUTPUTS_TAG` and link every upstream stage
+    that did not run in this execution (no child of ``parent_id``) to the newest FINISHED run of that stage whose
+    outputs are the ones on disk (tag :func:`cached_run_tag` on the parent). Nothing happens for a stage that is
+    not in ``./dvc.yaml``; a failure is logged, never raised (the stage's results are what matters).
+
+    Returns:
+        ``{stage: linked run id}``.
+    """
+    try:
+        stages = dvc_stages()
+        if stage not in stages:
+            return {}
+        outs, upstream = stages[stage]
+        digest = outputs_digest(outs)
+        if digest:
+            client.set_tag(run_id, OUTPUTS_TAG, digest)
+        children = client.search_runs(
+            [experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000
+        )
+        ran = {c.data.tags.get("stage") for c in children}
+        links = {}
+        for up in sorted(upstream - ran):
+            d = outputs_digest(stages[up][0])
+            if d is None:
+                continue
+            made_them = (
+                f"tags.stage = '{up}' and tags.{OUTPUTS_TAG} = '{d}' and attributes.status = 'FINISHED'"
+            )
+            found = client.search_runs(
+                [experiment_id],
+                filter_string=made_them,
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
+            if found:
+                links[up] = found[0].info.run_id
+                client.set_tag(parent_id, cached_run_tag(up), links[up])
+            else:
+                log.info("%s: no FINISHED MLflow run of stage %s made its outputs on disk", stage, up)
+        return links
+    except Exception as e:  # noqa: BLE001
+        log.warning("%s: could not link the stages DVC did not run (%s: %s)", stage, type(e).__name__, e)
+        return {}
 
 
 def metric_name(key: str) -> str:
