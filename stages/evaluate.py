@@ -7,7 +7,7 @@ from pathlib import Path
 import mlflow
 
 from orchestry.evaluation import evaluate_agents, evaluate_workflow, trained_minus_base
-from orchestry.metrics import summarize
+from orchestry.metrics import key_metrics, summarize
 from orchestry.mlflow_models import log_samples_table
 from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, read_jsonl, start_stage, write_json, write_jsonl
@@ -15,6 +15,8 @@ from orchestry.tracking import log_metrics, stage_run
 from orchestry.training.magrpo import WORKFLOW_AGENTS
 
 ADAPTERS = Path("models/adapters/magrpo")
+#: Each method's pass@1, reward and cooperation rate: the first DVC metrics file, so `dvc exp show` leads with them.
+KEY_METRICS = Path("reports/key_metrics.json")
 
 
 def score_pairs(problems, model, tok, sb, params, turns: int, workflow: bool):
@@ -99,6 +101,8 @@ def main() -> None:
             report["api_grpo"] = json.loads(api.read_text())
         write_json("reports/metrics.json", report)
         mlflow.log_artifact("reports/metrics.json")
+        # in key order, not sorted: DVC shows a metrics file's keys in file order
+        KEY_METRICS.write_text(json.dumps(key_metrics(methods), indent=2) + "\n")
         for name, m in methods.items():
             print(f"{name:22s} reward {m.get('reward', 0):.3f}  pass@1 {m.get('pass@1', 0):.3f}  "
                   f"coop {m.get('cooperation_rate', 0):.3f}")  # fmt: skip

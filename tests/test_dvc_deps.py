@@ -407,3 +407,66 @@ def test_each_plot_and_metric_is_declared_once_and_every_table_or_figure_is_a_pl
         sorted(set(tables) - set(plots))
     )
     assert "reports/api_grpo/rewards.csv" in plots
+
+
+# ---------------------------------------------------------------- dvc exp show: the compared figures first
+
+
+def test_the_key_figures_are_the_only_stage_metric_and_the_other_metrics_are_stage_outputs():
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    stage_metrics = {n: _entries(s.get("metrics")) for n, s in spec["stages"].items() if s.get("metrics")}
+    assert stage_metrics == {"evaluate": ["reports/key_metrics.json"]}
+    outs = {f for s in spec["stages"].values() for f in _entries(s.get("outs"))}
+    top = _entries(spec.get("metrics"))
+    assert top[0] == "reports/metrics.json" and set(top) <= outs  # orchestry tune reads metrics.json
+    assert "reports/prepare.json" in outs and "reports/prepare.json" not in top  # bookkeeping: no metric
+
+
+def test_the_committed_key_figures_are_those_of_the_committed_metrics():
+    import json
+
+    from orchestry.metrics import KEY_METRICS, key_metrics
+
+    metrics = json.loads((ROOT / "reports/metrics.json").read_text())
+    key = json.loads((ROOT / "reports/key_metrics.json").read_text())
+    assert key == key_metrics(metrics["methods"])
+    assert list(key)[:2] == ["magrpo", "base"] and all(list(v) == list(KEY_METRICS) for v in key.values())
+
+
+def test_dvc_exp_show_leads_with_each_methods_pass_at_1_reward_and_cooperation(tmp_path):
+    """In a git + DVC copy of dvc.yaml, params.yaml and the committed metrics files, the first metric columns of
+    ``dvc exp show`` are the key figures (before: prepare's ``asserts``, ``canonical_checked``, ...)."""
+    import json
+    import shutil
+    import subprocess
+
+    from orchestry.smoke import clean_env
+
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    files = _entries(spec.get("metrics")) + ["reports/key_metrics.json", "reports/prepare.json"]
+    for f in ["dvc.yaml", "params.yaml", *files]:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / f, tmp_path / f)
+    env = {**clean_env(), "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    for cmd in (
+        ["git", "init", "-q"],
+        ["dvc", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-qm", "b"],
+    ):
+        subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True)
+    out = subprocess.run(["dvc", "exp", "show", "--csv"], cwd=tmp_path, env=env, check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    header = out.splitlines()[0].split(",")
+    fixed = ["Experiment", "rev", "typ", "Created", "parent"]
+    assert header[: len(fixed)] == fixed
+    key = json.loads((ROOT / "reports/key_metrics.json").read_text())
+    figures = [f"{method}.{name}" for method, v in key.items() for name in v]
+    assert header[len(fixed) : len(fixed) + len(figures)] == figures
+    assert header[len(fixed) : len(fixed) + 3] == [
+        "magrpo.pass@1",
+        "magrpo.reward",
+        "magrpo.cooperation_rate",
+    ]
+    assert not {"asserts", "canonical_checked", "model.bytes"} & set(header)  # prepare's bookkeeping

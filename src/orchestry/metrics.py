@@ -137,6 +137,31 @@ def summarize(
     return out
 
 
+#: The figures of each method that users compare, in the order ``dvc exp show`` shows them (:func:`key_metrics`).
+KEY_METRICS = ("pass@1", "reward", "cooperation_rate")
+
+
+def key_metrics(methods: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """The compared figures of each method (``reports/key_metrics.json``, the first DVC metrics file, so
+    ``dvc exp show`` leads with them): ``{method: {pass@1, reward, cooperation_rate}}`` from the ``methods`` of
+    ``reports/metrics.json`` (:func:`summarize` dicts), ``magrpo`` first, then ``base``, then the others in their
+    order; a figure that is missing or not a number is left out.
+    """
+    first = [m for m in ("magrpo", "base") if m in methods]
+    order = first + [m for m in methods if m not in first]
+    out: dict[str, dict[str, float]] = {}
+    for name in order:
+        summary = methods[name] if isinstance(methods[name], dict) else {}
+        figures = {
+            k: summary[k]
+            for k in KEY_METRICS
+            if isinstance(summary.get(k), int | float) and not isinstance(summary.get(k), bool)
+        }
+        if figures:
+            out[name] = figures
+    return out
+
+
 def quarter_comparison(
     step_rewards: Sequence[Sequence[float]], confidence: float = 0.95, n_boot: int = 1000
 ) -> dict:
