@@ -36,6 +36,7 @@ def test_dvc_repro_micro_pipeline(tmp_path):
         "reports/train/magrpo_steps.csv",
         "reports/eval/magrpo.jsonl",
         "reports/metrics.json",
+        "reports/key_metrics.json",
         "reports/schemes.json",
         "reports/figures/learning_curves.png",
         "reports/figures/methods.png",
@@ -93,3 +94,22 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     assert "Running stage" not in rerun, rerun
     status = run([sys.executable, "-m", "dvc", "status"], repo, env)
     assert "up to date" in status.lower(), status
+
+    # a plot-only DVC experiment runs plot alone; its parent run links the runs that made every other stage's
+    # outputs (tags cached_run.<stage>), so `orchestry compare` shows the whole execution (issue 26)
+    from orchestry.compare import DEFAULT_METRICS, executions, load_runs
+    from orchestry.tracking import OUTPUTS_TAG, cached_run_tag
+
+    assert all(OUTPUTS_TAG in r.data.tags for r in stages.values())
+    run([sys.executable, "-m", "dvc", "exp", "run", "-n", "dpi61", "-S", "plot.dpi=61"], repo, env)
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.dvc_experiment = 'dpi61'")
+    assert sorted(r.data.tags.get("stage", "<parent>") for r in runs) == ["<parent>", "plot"]
+    parent = next(r for r in runs if "stage" not in r.data.tags)
+    linked = {s: parent.data.tags.get(cached_run_tag(s)) for s in stages if s != "plot"}
+    assert linked == {s: r.info.run_id for s, r in stages.items() if s != "plot"}
+    table = executions(load_runs("orchestry", f"sqlite:///{repo / 'mlflow.db'}")).set_index("execution")
+    first, dpi = table.loc["workspace"], table.loc["dpi61"]
+    assert (dpi["stages"], dpi["cached"]) == (1, len(stages) - 1)
+    assert dpi["evaluate:magrpo/reward"] == stages["evaluate"].data.metrics["magrpo/reward"]
+    for m in DEFAULT_METRICS:  # the same figures as the execution that ran every stage
+        assert dpi[m] == first[m] or (dpi[m] != dpi[m] and first[m] != first[m]), m
