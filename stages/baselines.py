@@ -27,7 +27,7 @@ def main() -> None:
         **params.sampling.model_dump(),
         **params.model.model_dump(),
     }
-    with stage_run(f"baselines@{args.method}", logged, params.mlflow.experiment):
+    with stage_run(f"baselines@{args.method}", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
         t0 = time.time()
         model, tok = load_policy(params)
         with open_sandbox(params) as sb:

@@ -29,7 +29,7 @@ def main() -> None:
     entry = {p.task_id: p.entry_point for p in read_problems("data/problems/all.jsonl")}
     files = sorted(Path("reports/eval").glob("*.jsonl")) + sorted(Path("reports/baselines").glob("*.jsonl"))
     rows, test_passed = [], []
-    with stage_run("detect_schemes", cfg.model_dump(), params.mlflow.experiment):
+    with stage_run("detect_schemes", cfg.model_dump(), params.mlflow.experiment, params.mlflow.tracking_uri):
         for f in files:
             method = f.stem if f.parent.name == "eval" else f"baseline_{f.stem}"
             if cfg.methods and method not in cfg.methods:

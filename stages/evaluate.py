@@ -52,7 +52,7 @@ def main() -> None:
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
     methods: dict[str, dict] = {}
     turns = cfg.turns or params.train_magrpo.turns  # the episode the policy was trained in
-    with stage_run("evaluate", logged, params.mlflow.experiment):
+    with stage_run("evaluate", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
         workflow = params.train_magrpo.workflow == "writer_tester_fixer"
         agents = WORKFLOW_AGENTS[params.train_magrpo.workflow]
         model, tok = load_policy(params, with_adapters=str(ADAPTERS), agents=agents)

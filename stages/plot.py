@@ -31,7 +31,7 @@ def main() -> None:
     params = start_stage("plot")
     cfg = params.plot
     OUT.mkdir(parents=True, exist_ok=True)
-    with stage_run("plot", cfg.model_dump(), params.mlflow.experiment):
+    with stage_run("plot", cfg.model_dump(), params.mlflow.experiment, params.mlflow.tracking_uri):
         plot_learning_curves("reports/train/magrpo_steps.csv", OUT / "learning_curves.png", cfg.dpi)
         metrics = json.loads(Path("reports/metrics.json").read_text())
         RESULTS.write_text(

@@ -72,7 +72,7 @@ def main() -> None:
     def rows(items):
         return ({**p.to_dict(), **extra.get(p.task_id, {})} for p in items)
 
-    with stage_run("prepare", cfg.model_dump(), params.mlflow.experiment):
+    with stage_run("prepare", cfg.model_dump(), params.mlflow.experiment, params.mlflow.tracking_uri):
         for name, items in splits.items():
             write_jsonl(f"data/problems/{name}.jsonl", rows(items))
         for name, items in transfer.items():

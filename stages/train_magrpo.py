@@ -55,7 +55,7 @@ def main() -> None:
     run_key = json.dumps([resume_key, cfg.model_dump(mode="json")], sort_keys=True).encode()
     ckpt = repo_root() / CKPT_ROOT / hashlib.sha256(run_key).hexdigest()[:16]
     agents = agent_names(cfg)
-    with stage_run("train_magrpo", logged, params.mlflow.experiment):
+    with stage_run("train_magrpo", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
         # the coach first: a misconfigured backend fails before the policy is loaded
         coach = open_coach(cfg.coach, params.model.path, params.model.dtype) if cfg.coach.enabled else None
         model, tok = load_policy(params)

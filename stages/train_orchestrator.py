@@ -42,7 +42,7 @@ def main() -> None:
     except (BackendConfigError, PriceError) as e:
         sys.exit(f"error: {e}")
     logged = {**cfg.model_dump(), "sampling": params.sampling.model_dump()}
-    with stage_run("train_orchestrator", logged, params.mlflow.experiment):
+    with stage_run("train_orchestrator", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
         summary = run_orchestrator(
             cfg,
             params.sampling,

@@ -33,6 +33,7 @@ from orchestry.tracking import (
     pipeline_execution,
     runs_table_url,
     stage_run,
+    tracking_uri,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +83,22 @@ def test_every_run_carries_the_columns_a_user_filters_by(store, monkeypatch):
     assert view["selectedColumns"][: len(VIEW_TAGS)] == [f"tags.`{t}`" for t in VIEW_TAGS]
     assert view["selectedColumns"][len(VIEW_TAGS) :] == [f"metrics.`{m}`" for m in VIEW_METRICS]
     assert (view["orderByKey"], view["orderByAsc"]) == ("attributes.start_time", False)
+
+
+def test_the_store_is_the_params_uri_then_mlflow_tracking_uri_then_the_repo_sqlite(
+    store, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri() == store
+    shared = f"sqlite:///{tmp_path / 'team' / 'shared.db'}"  # a team's store, named by the environment
+    (tmp_path / "team").mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", shared)
+    assert tracking_uri() == shared and tracking_uri("sqlite:///x.db") == "sqlite:///x.db"
+    assert tracking_uri("http://mlflow.team:5000") == "http://mlflow.team:5000"
+    with stage_run("evaluate", {"seed": 1}, "orchestry") as run:  # the stage's params give no uri
+        log_metrics({"magrpo/reward": 0.25})
+    assert mlflow.MlflowClient(shared).get_run(run.info.run_id).data.metrics["magrpo/reward"] == 0.25
+    assert not (tmp_path / "mlflow.db").exists()  # nothing written to the repository's own store
 
 
 def test_a_workspace_execution_is_named_workspace(store):

@@ -1,7 +1,8 @@
 """MLflow tracking: one parent run per pipeline execution, one nested run per stage execution, in a sqlite store
 at the repository root.
 
-The store is ``sqlite:///<root>/mlflow.db`` and artifacts go to ``<root>/mlartifacts``, where ``<root>`` is
+The store is ``sqlite:///<root>/mlflow.db`` and artifacts go to ``<root>/mlartifacts`` unless params
+``mlflow.tracking_uri`` or ``MLFLOW_TRACKING_URI`` name another store (:func:`tracking_uri`), where ``<root>`` is
 ``DVC_ROOT`` when DVC sets it (``dvc exp run --temp/--queue`` runs in a copy; results must land in the real
 repository) and the current directory otherwise. View with ``mlflow ui --backend-store-uri sqlite:///mlflow.db``.
 
@@ -97,9 +98,19 @@ def repo_root() -> Path:
 
 
 def tracking_uri(override: str | None = None) -> str:
+    """The MLflow store: ``override`` (params ``mlflow.tracking_uri``, a ``--tracking-uri`` option) if given, else
+    the ``MLFLOW_TRACKING_URI`` environment variable (a team's shared server), else ``sqlite:///<root>/mlflow.db``."""
     if override:
         return override
+    env = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if env:
+        return env
     return f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+def _server_store(uri: str) -> bool:
+    """A tracking server (http/https/databricks) chooses where a new experiment's artifacts go."""
+    return uri.startswith(("http://", "https://", "databricks"))
 
 
 def git_revision(cwd: str | Path | None = None) -> str:
@@ -224,8 +235,9 @@ def stage_run(
     """
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri(uri))
-    artifact_root = (repo_root() / "mlartifacts").as_uri()
+    store = tracking_uri(uri)
+    mlflow.set_tracking_uri(store)
+    artifact_root = None if _server_store(store) else (repo_root() / "mlartifacts").as_uri()
     if mlflow.get_experiment_by_name(experiment) is None:
         mlflow.create_experiment(experiment, artifact_location=artifact_root)
     mlflow.set_experiment(experiment)
