@@ -12,8 +12,8 @@ from scipy import stats
 
 from orchestry.metrics import (
     bootstrap_ci,
+    difference_ci,
     pass_at_k,
-    percentile_interval,
     quarter_comparison,
     summarize,
 )
@@ -49,12 +49,24 @@ def test_pass_at_k_needs_k_samples():
 # --- bootstrap intervals ------------------------------------------------------------------------------------------
 
 
-def test_percentile_interval_is_numpys_linear_quantile():
-    xs = list(np.random.default_rng(0).normal(size=101)) + [5.0, -5.0]
-    for conf in (0.5, 0.8, 0.9, 0.95, 0.99):
-        lo, hi = percentile_interval(xs, conf)
-        assert lo == pytest.approx(np.percentile(xs, 100 * (1 - conf) / 2))
-        assert hi == pytest.approx(np.percentile(xs, 100 * (1 + conf) / 2))
+def test_bootstrap_ci_is_scipys_percentile_bootstrap_and_constant_data_needs_no_resample():
+    ref = stats.bootstrap((np.array(DATA),), np.mean, confidence_level=0.9, n_resamples=700, method="percentile",
+                          rng=np.random.default_rng(5)).confidence_interval  # fmt: skip
+    assert bootstrap_ci(DATA, 0.9, 700, seed=5) == (ref.low, ref.high)
+    assert bootstrap_ci([0.0] * 32) == (0.0, 0.0) and bootstrap_ci([0.25]) == (0.25, 0.25)
+
+
+def test_difference_ci_resamples_the_two_samples_independently():
+    rng = np.random.default_rng(0)
+    before, after = list(rng.normal(0.0, 1.0, 60)), list(rng.normal(1.0, 1.0, 60))
+    lo, hi = difference_ci(before, after, 0.95, 2000)
+    assert 0.0 < lo < 1.0 < hi  # the true shift is 1
+    assert difference_ci(before, after, 0.95, 2000) == (lo, hi)  # seeded
+    # the width is that of a difference of two independent means, 2 * 1.96 * sqrt(1/60 + 1/60) ~ 0.72; one
+    # sample's interval alone would be ~0.51 wide
+    assert 0.6 < hi - lo < 0.85
+    assert difference_ci([1.0, 1.0], [3.0, 3.0, 3.0]) == (2.0, 2.0)
+    assert all(math.isnan(x) for x in difference_ci([], [1.0]))
 
 
 @pytest.mark.parametrize("confidence", [0.8, 0.9, 0.95])

@@ -7,9 +7,11 @@ A record is a dict with at least ``task_id``, ``passed``, ``total_asserts``, ``t
 from __future__ import annotations
 
 import math
-import random
 from collections import defaultdict
 from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
 
 LEVELS = ("structure", "syntax", "tests", "cooperation")
 
@@ -23,33 +25,43 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def percentile_interval(stats: Sequence[float], confidence: float) -> tuple[float, float]:
-    """The ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of a bootstrap distribution, linearly
-    interpolated (numpy's default quantile, as ``scipy.stats.bootstrap(method="percentile")`` uses)."""
-    xs = sorted(stats)
-    if not xs:
-        return (float("nan"), float("nan"))
-
-    def quantile(q: float) -> float:
-        h = (len(xs) - 1) * q
-        i = math.floor(h)
-        j = min(i + 1, len(xs) - 1)
-        return xs[i] + (h - i) * (xs[j] - xs[i])
-
-    return (quantile((1 - confidence) / 2), quantile((1 + confidence) / 2))
-
-
 def bootstrap_ci(
     values: Sequence[float], confidence: float = 0.95, n_boot: int = 1000, seed: int = 0
 ) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of the mean over ``n_boot`` resamples; ``(nan, nan)`` for an
-    empty input."""
-    vals = list(values)
-    if not vals:
+    """Percentile bootstrap confidence interval of the mean (``scipy.stats.bootstrap``, ``method="percentile"``,
+    ``n_boot`` resamples, generator seeded with ``seed``); ``(nan, nan)`` for an empty input, ``(v, v)`` when every
+    value is ``v`` (one value included: no resample can differ)."""
+    vals = np.asarray(list(values), dtype=float)
+    if vals.size == 0:
         return (float("nan"), float("nan"))
-    rng = random.Random(seed)
-    n = len(vals)
-    return percentile_interval([sum(rng.choices(vals, k=n)) / n for _ in range(n_boot)], confidence)
+    if np.all(vals == vals[0]):
+        return (float(vals[0]), float(vals[0]))
+    res = stats.bootstrap((vals,), np.mean, confidence_level=confidence, n_resamples=n_boot, method="percentile",
+                          rng=np.random.default_rng(seed))  # fmt: skip
+    return (float(res.confidence_interval.low), float(res.confidence_interval.high))
+
+
+def difference_ci(
+    before: Sequence[float],
+    after: Sequence[float],
+    confidence: float = 0.95,
+    n_boot: int = 1000,
+    seed: int = 1,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``mean(after) - mean(before)`` for two independent samples (each resampled
+    on its own: ``scipy.stats.bootstrap(paired=False)``); ``(nan, nan)`` when either is empty."""
+    a, b = np.asarray(list(before), dtype=float), np.asarray(list(after), dtype=float)
+    if a.size == 0 or b.size == 0:
+        return (float("nan"), float("nan"))
+    if np.all(a == a[0]) and np.all(b == b[0]):
+        return (float(b[0] - a[0]), float(b[0] - a[0]))
+
+    def diff(x, y, axis=-1):
+        return np.mean(y, axis=axis) - np.mean(x, axis=axis)
+
+    res = stats.bootstrap((a, b), diff, confidence_level=confidence, n_resamples=n_boot, method="percentile",
+                          paired=False, rng=np.random.default_rng(seed))  # fmt: skip
+    return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
 def mean_ci(values: Sequence[float], confidence: float, n_boot: int, seed: int) -> dict:
@@ -180,12 +192,6 @@ def quarter_comparison(
         lo, hi = bootstrap_ci(vals, confidence, n_boot)
         res[f"{name}_reward"] = sum(vals) / len(vals) if vals else float("nan")
         res[f"{name}_ci_low"], res[f"{name}_ci_high"] = lo, hi
-    # bootstrap CI of the difference (the two quarters resampled independently)
-    rng = random.Random(1)
-    diffs = [
-        sum(rng.choices(last, k=len(last))) / len(last) - sum(rng.choices(first, k=len(first))) / len(first)
-        for _ in range(n_boot)
-    ]
     res["difference"] = res["last_quarter_reward"] - res["first_quarter_reward"]
-    res["difference_ci_low"], res["difference_ci_high"] = percentile_interval(diffs, confidence)
+    res["difference_ci_low"], res["difference_ci_high"] = difference_ci(first, last, confidence, n_boot)
     return res
