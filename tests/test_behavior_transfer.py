@@ -21,6 +21,7 @@ from test_api_grpo import DOUBLE, INC, _cfg, _collab_reply
 from orchestry.algorithms.behaviors import LibraryError, read_library
 from orchestry.config import SamplingParams
 from orchestry.problems import make_problem
+from orchestry.report import _api_grpo_section
 from orchestry.runtime import write_jsonl
 from orchestry.sandbox import Sandbox
 from orchestry.training.api_grpo import run_api_grpo
@@ -163,6 +164,10 @@ def test_training_starts_from_the_transferred_library_and_eval_has_three_arms(tm
         a: sum(e["trajectories"][0]["reward"]["total"] for e in evals if e["arm"] == a) / 2 for a in by_arm
     }
     assert tr["arms"]["transferred"]["mean"] == pytest.approx(mean["transferred"])
+    page = _api_grpo_section(summary, out / "summary.json")  # the report's table of the three arms
+    assert (
+        "Transfer from" in page and "writer → helper" in page and "difference (learned − transferred)" in page
+    )
     with open(out / "rewards.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 * 4 + 3 * 2 and {r["arm"] for r in rows if r["phase"] == "eval"} == set(by_arm)
@@ -178,6 +183,7 @@ def test_without_init_behaviors_the_outputs_keep_todays_keys(tmp_path, key) -> N
     lib = json.loads((tmp_path / "out" / "learned_behaviors.json").read_text())
     assert set(lib) == {"task", "version", "behaviors", "top_fraction", "behavior_every", "updates"}
     assert {e["arm"] for e in _episodes(tmp_path / "out") if e["phase"] == "eval"} == {"with", "without"}
+    assert "Transfer from" not in _api_grpo_section(summary, tmp_path / "out" / "summary.json")
 
 
 def test_a_bad_library_fails_before_any_request(tmp_path, key) -> None:
