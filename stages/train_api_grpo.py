@@ -1,16 +1,20 @@
 """Stage `train_api_grpo`: beam search + behaviour library for API-only models (offline by default).
 
-Reads ``params.yaml`` (sections ``api_grpo``, ``sampling``, ``model``, ``sandbox``, ``intervals``) and the human
-scores of ``data/overrides.jsonl`` (:mod:`orchestry.overrides`), checks the backend (key, price, server) before
-any work, runs :func:`orchestry.training.api_grpo.run_api_grpo` and logs the
+Reads ``params.yaml`` (sections ``api_grpo``, ``sampling``, ``model``, ``sandbox``, ``intervals``), the human
+scores of ``data/overrides.jsonl`` (:mod:`orchestry.overrides`) and, with ``api_grpo.init_behaviors``, the library
+to start from, which must be a copy under ``data/behaviors/`` (a dependency of the stage in ``dvc.yaml``, so a
+changed library re-runs it; a missing, misplaced or malformed one is one line and exit 2). It checks the backend
+(key, price, server) before any work, runs :func:`orchestry.training.api_grpo.run_api_grpo` and logs the
 per-episode and total metrics, cost and the outputs under ``reports/api_grpo/`` to MLflow.
 """
 
 import json
 import sys
+from pathlib import PurePosixPath
 
 import mlflow
 
+from orchestry.algorithms.behaviors import LibraryError
 from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
 from orchestry.metrics import flat_numbers as _flat_numbers
@@ -19,8 +23,23 @@ from orchestry.problems import read_problems
 from orchestry.runtime import open_sandbox, start_stage
 from orchestry.tracking import log_metrics, stage_run
 from orchestry.training.api_grpo import open_clients, run_api_grpo
+from orchestry.training.api_grpo_setup import read_transfer
 
 OUT = "reports/api_grpo"
+TRANSFER_DIR = "data/behaviors"  # libraries for api_grpo.init_behaviors; a dep of the stage (dvc.yaml)
+
+
+def check_transfer(path: str | None) -> None:
+    """Raises LibraryError unless ``path`` is null or a repo-relative file under ``data/behaviors/``."""
+    if path is None:
+        return
+    p = PurePosixPath(path.replace("\\", "/"))
+    if p.is_absolute() or ".." in p.parts or p.parts[:2] != tuple(PurePosixPath(TRANSFER_DIR).parts):
+        raise LibraryError(
+            f"api_grpo.init_behaviors: {path}: a library to transfer must be a copy under {TRANSFER_DIR}/ "
+            f"(a dependency of this stage), e.g. cp reports/api_grpo/learned_behaviors.json "
+            f"{TRANSFER_DIR}/code_collaboration.json"
+        )
 
 
 def main() -> None:
@@ -32,6 +51,12 @@ def main() -> None:
         overrides = read_overrides("data/overrides.jsonl")
     except OverrideError as e:
         sys.exit(f"error: {e}")
+    try:  # the library to start from (api_grpo.init_behaviors), before anything is opened
+        check_transfer(cfg.init_behaviors)
+        read_transfer(cfg)
+    except LibraryError as e:  # exit code 2 (bad input), like a bad params.yaml
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     try:  # key, price and server are checked here, before the MLflow run, the model or the sandbox
         clients = open_clients(cfg, params.sampling, params.model.path, params.model.dtype)
     except (BackendConfigError, PriceError) as e:
@@ -65,6 +90,7 @@ def main() -> None:
         "with": ev.get("with", {}).get("mean"),
         "without": ev.get("without", {}).get("mean"),
         "difference": ev.get("difference"),
+        **({"transferred": ev["transfer"]["arms"]["transferred"]["mean"]} if "transfer" in ev else {}),
         "cache_hit_rate": summary["cache"]["hit_rate"],
         "usd": summary["cost"]["usd_total"],
         "tokens": summary["cost"]["tokens_total"],

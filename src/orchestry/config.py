@@ -428,6 +428,11 @@ class ApiGrpoParams(_Section):
         0.2, gt=0, le=0.5, description="top (and bottom) share of trajectories compared"
     )
     max_behaviors: int = Field(3, ge=0, le=10, description="guidelines injected per agent")
+    init_behaviors: Name | None = Field(
+        None,
+        description="start from this learned_behaviors.json (of any task; the stage needs it under "
+        "data/behaviors/) instead of an empty library, and evaluate none vs transferred vs learned here",
+    )
     main_sees_helper: bool = Field(
         True, description="code_collaboration: main's prompt shows the helper's code"
     )

@@ -231,6 +231,29 @@ def _api_grpo_section(summary: dict, src: Path) -> str:
         if over_rows
         else ""
     )
+    tr, src_lib = ev.get("transfer") or {}, summary.get("transfer") or {}
+    transfer = ""
+    if isinstance(tr, dict) and tr.get("arms"):
+        labels = (("arms", "none", "no behaviours"), ("arms", "transferred", "transferred library, as loaded"),
+                  ("arms", "learned", "learned here (started from the transferred one)"),
+                  ("difference", "transferred_minus_none", "difference (transferred − none)"),
+                  ("difference", "learned_minus_none", "difference (learned − none)"),
+                  ("difference", "learned_minus_transferred", "difference (learned − transferred)"))  # fmt: skip
+        transfer = (
+            f"<h3>Transfer from <code>{html.escape(str(src_lib.get('path')))}</code> (task "
+            f"<code>{html.escape(str(src_lib.get('task') or 'not stated'))}</code>, roles "
+            f"{html.escape(', '.join(f'{a} → {b}' for a, b in (src_lib.get('roles') or {}).items()) or 'none')})"
+            "</h3><p>The same test problems and samples in each arm; differences are paired.</p>"
+            + _table(
+                [
+                    {
+                        "policy": label,
+                        f"mean test reward (max {top})": _ci_dict((tr.get(group) or {}).get(key)),
+                    }
+                    for group, key, label in labels
+                ]
+            )
+        )
     return (
         f"<p>Backend <code>{html.escape(str(summary.get('backend')))}</code>, task "
         f"<code>{html.escape(str(summary.get('task', 'code_collaboration')))}</code>, model "
@@ -240,6 +263,7 @@ def _api_grpo_section(summary: dict, src: Path) -> str:
         + (f", {level:.0%} bootstrap intervals over problems" if isinstance(level, int | float) else "")
         + ".</p>"
         + _table(rows)
+        + transfer
         + ("<h3>Each reward part, test problems</h3>" + _table(part_rows) if part_rows else "")
         + ("<h3>Learned behaviours (injected into the prompts)</h3>" + parts if parts else "")
         + overridden

@@ -19,13 +19,18 @@ Every m episodes (docs/algorithms.md, section 4):
 5. optionally the LLM judge reads top and bottom transcripts and proposes guidelines too.
 
 The guidelines are injected into the agents' prompts (``Problem.helper_prompt(behaviors=...)`` etc.).
+
+Transfer (:func:`read_library`, :class:`TransferredLibrary`): a library another run wrote, of this task or of
+another, can be the starting library of a run (``api_grpo.init_behaviors``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -199,3 +204,93 @@ def extract_behaviors(
     if not update.guidelines:
         update.note = "no feature separated top from bottom strongly enough"
     return update
+
+
+# ---- behaviour transfer: a library learned on another run (``api_grpo.init_behaviors``) ------------------------
+class LibraryError(ValueError):
+    """A library to transfer (``api_grpo.init_behaviors``) is missing or malformed; the message names the key
+    and the path."""
+
+
+@dataclass
+class TransferredLibrary:
+    """A ``learned_behaviors.json`` read for transfer: the path, the task it says it came from (``""`` when the
+    file does not say), its version there, and ``{role: "- guideline\\n- ..."}`` as written."""
+
+    path: str
+    task: str
+    version: int | None
+    behaviors: dict[str, str]
+
+    def mapped(self, roles: Sequence[str], source_roles: Sequence[str] = ()) -> tuple[dict[str, str], dict]:
+        """The guidelines for an agent team with ``roles`` (turn order), and how they were placed.
+
+        A role this team has keeps its guidelines. Otherwise, when the source task's roles are known
+        (``source_roles``, turn order), the role at the same relative position takes them: the first agent's go
+        to the first agent, the last agent's to the last, a middle one's to ``round(i (m - 1) / (n - 1))``
+        (n source roles, m roles here); several sources on one role are joined in the source's turn order.
+        Anything else is unused.
+
+        Returns:
+            ``(behaviors, {"roles": {source role: role here}, "unused_roles": [...]})``.
+        """
+        placed: dict[str, str] = {}
+        unused: list[str] = []
+        n, m = len(source_roles), len(roles)
+        order = sorted(self.behaviors, key=lambda r: list(source_roles).index(r) if r in source_roles else n)
+        for r in order:
+            if r in roles:
+                placed[r] = r
+            elif r in source_roles and m:
+                i = list(source_roles).index(r)
+                placed[r] = roles[0 if n == 1 else round(i * (m - 1) / (n - 1))]
+            else:
+                unused.append(r)
+        out: dict[str, list[str]] = {}
+        for src, dst in placed.items():
+            if self.behaviors[src].strip():
+                out.setdefault(dst, []).append(self.behaviors[src].strip())
+        return {r: "\n".join(v) for r, v in out.items()}, {"roles": placed, "unused_roles": unused}
+
+
+def read_library(
+    path: str | Path, shown: str | None = None, key: str = "api_grpo.init_behaviors"
+) -> TransferredLibrary:
+    """Read a behaviour library to transfer (a ``learned_behaviors.json`` of any task).
+
+    Only ``behaviors`` is required: a mapping of role to guideline text (the ``- ...`` lines an API-GRPO run
+    writes). ``task`` (a string) and ``version`` (an integer) are read when present.
+
+    Args:
+        path: the file to open; shown: the path as the user wrote it (for messages and the summary).
+
+    Raises:
+        LibraryError: one line naming ``key`` and the path: not found, unreadable, not JSON, or not a library.
+    """
+    shown = str(path) if shown is None else shown
+    where = f"{key}: {shown}"
+    p = Path(path)
+    if not p.is_file():
+        raise LibraryError(f"{where}: no such file (copy the learned_behaviors.json to transfer there)")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise LibraryError(f"{where}: cannot be read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise LibraryError(f"{where}: not JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise LibraryError(f"{where}: not a behaviour library (a JSON object), got {type(data).__name__}")
+    beh = data.get("behaviors")
+    if not isinstance(beh, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in beh.items()
+    ):
+        raise LibraryError(
+            f"{where}: not a behaviour library: 'behaviors' must map each role to its guideline text"
+        )
+    task = data.get("task", "")
+    if not isinstance(task, str):
+        raise LibraryError(f"{where}: 'task' must be a task name, got {task!r}")
+    version = data.get("version")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise LibraryError(f"{where}: 'version' must be an integer, got {version!r}")
+    return TransferredLibrary(shown, task, version, dict(beh))

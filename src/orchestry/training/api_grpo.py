@@ -19,6 +19,14 @@
    ``summary.json`` (tables: :mod:`orchestry.training.api_grpo_outputs`) -- rewritten after every block, so a
    budget stop or a crash keeps everything finished.
 
+Transfer (``api_grpo.init_behaviors``: a ``learned_behaviors.json`` of another run, of any task): training starts
+from that library instead of an empty one (a role this task lacks hands its guidelines to the role at the same
+position in the turn order, see :meth:`orchestry.algorithms.behaviors.TransferredLibrary.mapped`) until a refresh
+finds guidelines of its own; the evaluation adds a third arm, the transferred library as loaded, on the same
+problems and sample numbers, and ``summary.json`` gets ``transfer`` (where the library came from, how its roles
+were placed) and ``eval.transfer`` (none vs transferred vs learned here, paired differences). With the key null
+every output is as before.
+
 Human overrides (:mod:`orchestry.overrides`, ``data/overrides.jsonl``): a complete trajectory whose id has one
 gets the person's score as its reward and its value (training and evaluation alike), so the advantages, the
 behaviour library and the reported rewards use it; ``rewards.csv`` marks the row (``overridden``, with the
@@ -48,7 +56,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestry.algorithms.api_grpo import EpisodeSearch, Trajectory, beam_search
-from orchestry.algorithms.behaviors import Guideline, LibraryUpdate, extract_behaviors
+from orchestry.algorithms.behaviors import (
+    Guideline,
+    LibraryError,
+    LibraryUpdate,
+    TransferredLibrary,
+    extract_behaviors,
+)
 from orchestry.llm.backends import ChatRequest
 from orchestry.llm.cost import BudgetExceeded
 from orchestry.overrides import Override, apply_override, trajectory_id
@@ -57,8 +71,14 @@ from orchestry.progress import progress_bar
 from orchestry.rewards.judge import Judge, judge_agreement, judge_prompt
 from orchestry.tasks.common import Turn
 from orchestry.training.api_clients import repo_relative
-from orchestry.training.api_grpo_outputs import CSV_FIELDS, compare_arms, override_summary, trajectory_rows
-from orchestry.training.api_grpo_setup import Clients, make_task, open_clients
+from orchestry.training.api_grpo_outputs import (
+    CSV_FIELDS,
+    compare_arms,
+    compare_transfer,
+    override_summary,
+    trajectory_rows,
+)
+from orchestry.training.api_grpo_setup import TASK_ROLES, Clients, make_task, open_clients, read_transfer
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoParams, SamplingParams
@@ -96,6 +116,8 @@ class ApiGrpoRun:
         progress: allow the progress bars (module docstring); ``False`` never draws them.
         overrides: human scores by trajectory id (:mod:`orchestry.overrides`, ``data/overrides.jsonl``): a
             complete trajectory with one gets the human score as its reward and value.
+        transfer: the library to start from (:func:`orchestry.training.api_grpo_setup.read_transfer`); None
+            reads ``cfg.init_behaviors`` (null: start empty, no transfer arm).
     """
 
     def __init__(
@@ -111,6 +133,7 @@ class ApiGrpoRun:
         n_boot: int = 1000,
         progress: bool = True,
         overrides: Mapping[str, Override] | None = None,
+        transfer: TransferredLibrary | None = None,
     ):
         self.cfg, self.c, self.sandbox = cfg, clients, sandbox
         self.task = make_task(cfg)
@@ -147,6 +170,27 @@ class ApiGrpoRun:
         self.updates: list[LibraryUpdate] = []
         self.behaviors: dict[str, str] = {}
         self.behaviors_version = 0
+        # transfer: the starting library (version 0) and where it came from; None without api_grpo.init_behaviors
+        self.transferred: dict[str, str] | None = None
+        self.transfer_info: dict = {}
+        transfer = transfer or read_transfer(cfg)
+        if transfer is not None:
+            placed, how = transfer.mapped(self.task.roles, TASK_ROLES.get(transfer.task, ()))
+            self.transferred = placed
+            self.behaviors = dict(placed)
+            self.transfer_info = {
+                "path": transfer.path,
+                "task": transfer.task or None,  # None: the file does not say
+                "version": transfer.version,
+                **how,
+                "behaviors": placed,
+            }
+            if how["unused_roles"] or not placed:
+                log.warning(
+                    "transferred library %s (task %s): guidelines of %s reach no agent of %s (roles %s)",
+                    transfer.path, transfer.task or "not stated", how["unused_roles"] or "every role",
+                    self.task.name, ", ".join(self.task.roles),
+                )  # fmt: skip
         self.stop_reason = ""
         self.eval_summary: dict = {"status": "not run"}
         self.seconds: dict[str, float] = {}
@@ -424,12 +468,16 @@ class ApiGrpoRun:
 
     # ---- evaluation -------------------------------------------------------------------------------------------
     def evaluate(self) -> None:
-        """Plain episodes on the test problems WITH the final guidelines and WITHOUT (see module docstring)."""
+        """Plain episodes on the test problems WITH the final guidelines and WITHOUT (see module docstring); with
+        a transferred library also with that library as loaded (arm ``transferred``)."""
         t0 = time.time()
         if self.c.tracker.budget_usd is not None:
             self.c.tracker.limit_usd = self.c.tracker.budget_usd
         problems, base, ids, arms, behaviors = [], [], [], [], []
-        for arm, beh in (("with", self.behaviors), ("without", {})):
+        arm_behaviors = [("with", self.behaviors), ("without", {})]
+        if self.transferred is not None:
+            arm_behaviors.append(("transferred", self.transferred))
+        for arm, beh in arm_behaviors:
             for p in self.test_problems:
                 for s in range(self.cfg.eval_samples):
                     problems.append(p)
@@ -460,8 +508,8 @@ class ApiGrpoRun:
             return
         finally:
             bar.close()
-        rewards: dict[str, list[float]] = {"with": [], "without": []}
-        parts: dict[str, dict[str, list[float]]] = {k: {"with": [], "without": []} for k in self.parts}
+        rewards: dict[str, list[float]] = {a: [] for a, _ in arm_behaviors}
+        parts: dict[str, dict[str, list[float]]] = {k: {a: [] for a, _ in arm_behaviors} for k in self.parts}
         for ep, p, arm, beh, res in zip(ids, problems, arms, behaviors, results, strict=True):
             rec = self._record("eval", arm, ep, p, res, self.behaviors_version if arm == "with" else 0, beh)
             self.episodes.append(rec)
@@ -485,6 +533,24 @@ class ApiGrpoRun:
                     v["with"], v["without"], self.confidence, seed=self.cfg.seed, n_boot=self.n_boot
                 )
                 for k, v in parts.items()
+            }
+        if self.transferred is not None:  # none vs transferred vs learned here, same problems and samples
+            conf, seed, n_boot = self.confidence, self.cfg.seed, self.n_boot
+            self.eval_summary["transfer"] = {
+                **compare_transfer(
+                    rewards["without"], rewards["transferred"], rewards["with"], conf, seed, n_boot
+                ),
+                "learned_equals_transferred": self.behaviors == self.transferred,
+                **(
+                    {
+                        "parts": {
+                            k: compare_transfer(v["without"], v["transferred"], v["with"], conf, seed, n_boot)
+                            for k, v in parts.items()
+                        }
+                    }
+                    if self.parts
+                    else {}
+                ),
             }
         self.seconds["eval"] = time.time() - t0
 
@@ -558,6 +624,7 @@ class ApiGrpoRun:
                 **({"agreement": self.judge_agreement()} if self.judge else {}),
             },
             "overrides": override_summary(self.episodes, len(self.overrides)),
+            **({"transfer": self.transfer_info} if self.transferred is not None else {}),
             "seconds": self.seconds,
         }
 
@@ -587,6 +654,7 @@ class ApiGrpoRun:
             "top_fraction": self.cfg.top_fraction,
             "behavior_every": self.cfg.behavior_every,
             "updates": [u.to_dict() for u in self.updates],
+            **({"transferred_from": self.transfer_info} if self.transferred is not None else {}),
         }
         atomic("learned_behaviors.json", lambda f: f.write(json.dumps(library, indent=2) + "\n"))
         atomic("summary.json", lambda f: f.write(json.dumps(summary, indent=2, default=str) + "\n"))
@@ -630,14 +698,21 @@ def run_api_grpo(
         The summary dict (also written to ``out_dir/summary.json``).
 
     Raises:
+        LibraryError: ``api_grpo.init_behaviors`` names a missing or malformed library (before the clients).
         BackendConfigError, PriceError: before any work (see :func:`open_clients`).
     """
+    try:
+        transfer = read_transfer(cfg)
+    except LibraryError:
+        if clients is not None:
+            clients.close()
+        raise
     clients = clients or open_clients(cfg, sampling, model_path, model_dtype, cache_path)
     try:
         with sandbox_factory() as sandbox:
             run = ApiGrpoRun(
                 cfg, clients, train_problems, test_problems, sandbox, out_dir, on_metrics, confidence, n_boot,
-                progress, overrides,
+                progress, overrides, transfer,
             )  # fmt: skip
             summary = run.run()
     finally:

@@ -1,6 +1,6 @@
 """The tables of an API-GRPO run's outputs: the ``rewards.csv`` rows (:func:`trajectory_rows`), the human
 overrides it applied (:func:`override_summary`) and the with/without-guidelines comparison of its evaluation
-(:func:`compare_arms`)."""
+(:func:`compare_arms`; with a transferred library, none vs transferred vs learned: :func:`compare_transfer`)."""
 
 from __future__ import annotations
 
@@ -77,3 +77,40 @@ def compare_arms(
     return {"with": mean_ci(with_, confidence, n_boot, seed), "without": mean_ci(without, confidence, n_boot, seed + 1),
             "difference": mean_ci(diffs, confidence, n_boot, seed + 2), "confidence": confidence,
             "resamples": n_boot}  # fmt: skip
+
+
+def compare_transfer(
+    none: Sequence[float],
+    transferred: Sequence[float],
+    learned: Sequence[float],
+    confidence: float = 0.95,
+    seed: int = 0,
+    n_boot: int = 1000,
+) -> dict:
+    """The three arms of a transfer run (``api_grpo.init_behaviors``) with percentile-bootstrap CIs, and the
+    paired differences.
+
+    Element i of each arm is the same test problem and sample number. ``learned`` and ``none`` get the seeds of
+    :func:`compare_arms`'s ``with`` and ``without`` (and ``learned_minus_none`` the seed of its difference), so
+    those intervals equal the summary's ``with``/``without``/``difference``. Returns ``{"arms": {"none",
+    "transferred", "learned"}, "difference": {"transferred_minus_none", "learned_minus_none",
+    "learned_minus_transferred"}, "confidence", "resamples"}``.
+    """
+
+    def paired(a: Sequence[float], b: Sequence[float], s: int) -> dict:
+        return mean_ci([x - y for x, y in zip(a, b, strict=False)], confidence, n_boot, s)
+
+    return {
+        "arms": {
+            "none": mean_ci(none, confidence, n_boot, seed + 1),
+            "transferred": mean_ci(transferred, confidence, n_boot, seed + 3),
+            "learned": mean_ci(learned, confidence, n_boot, seed),
+        },
+        "difference": {
+            "transferred_minus_none": paired(transferred, none, seed + 4),
+            "learned_minus_none": paired(learned, none, seed + 2),
+            "learned_minus_transferred": paired(learned, transferred, seed + 5),
+        },
+        "confidence": confidence,
+        "resamples": n_boot,
+    }

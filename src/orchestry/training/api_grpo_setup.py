@@ -1,5 +1,6 @@
 """What an API-GRPO run is built from: its clients (policy and judge backends behind the response cache and the
-cost tracker; :func:`open_clients` checks every setting before any work) and its task (:func:`make_task`)."""
+cost tracker; :func:`open_clients` checks every setting before any work), its task (:func:`make_task`) and the
+library it may start from (:func:`read_transfer`, ``api_grpo.init_behaviors``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestry.algorithms.behaviors import TransferredLibrary, read_library
 from orchestry.llm.backends import BackendConfigError, make_backend
 from orchestry.llm.cache import CachedChat, ResponseCache
 from orchestry.llm.cost import CostTracker, require_price
@@ -87,6 +89,13 @@ def open_clients(
     return Clients(chat, judge_chat, tracker, cache, max_tokens, temperature, top_p)
 
 
+TASK_ROLES: dict[str, tuple[str, ...]] = {
+    t.name: t.roles for t in (CodeCollaboration, CodeReview, Story, Documentation, ResearchSynthesis)
+}
+"""Each ``api_grpo.task``'s agents in turn order (where a transferred library's guidelines go: see
+:meth:`orchestry.algorithms.behaviors.TransferredLibrary.mapped`)."""
+
+
 def make_task(cfg: ApiGrpoParams) -> Task:
     """The task named in ``api_grpo.task``."""
     if cfg.task == "code_review":
@@ -98,3 +107,14 @@ def make_task(cfg: ApiGrpoParams) -> Task:
     if cfg.task == "research_synthesis":
         return ResearchSynthesis(cfg.research, root=resolve_path("."))
     return CodeCollaboration(main_sees_helper=cfg.main_sees_helper)
+
+
+def read_transfer(cfg: ApiGrpoParams) -> TransferredLibrary | None:
+    """The library named in ``api_grpo.init_behaviors`` (repo-relative or absolute), or None when it is null.
+
+    Raises:
+        LibraryError: missing or malformed file, naming the key and the path.
+    """
+    if cfg.init_behaviors is None:
+        return None
+    return read_library(resolve_path(cfg.init_behaviors), cfg.init_behaviors)
