@@ -25,7 +25,16 @@ from typing import Any
 import yaml
 
 #: Files and folders of the project that ``dvc repro`` needs, relative to its root.
-COPY = ("dvc.yaml", "params.yaml", "stages", "src", "pyproject.toml", "data/overrides.jsonl", "data/tasks", "data/behaviors")
+COPY = (
+    "dvc.yaml",
+    "params.yaml",
+    "stages",
+    "src",
+    "pyproject.toml",
+    "data/overrides.jsonl",
+    "data/tasks",
+    "data/behaviors",
+)
 
 #: Micro overrides of ``params.yaml``: every stage runs, on 1-2 problems with short completions.
 MICRO: dict[str, dict[str, Any]] = {
