@@ -8,6 +8,7 @@ on these.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,28 @@ from orchestry.llm.cost import CostTracker
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoParams, SamplingParams, TrainOrchestratorParams
+    from orchestry.llm.cache import CachedChat, ResponseCache
+
+
+@dataclass
+class Clients:
+    """The cached, costed clients of one run and the sampling settings resolved from params (``judge_chat``: API-GRPO's
+    judge, ``None`` when it has none or for the orchestrator)."""
+
+    chat: CachedChat
+    tracker: CostTracker
+    cache: ResponseCache
+    max_tokens: int
+    temperature: float | None
+    top_p: float | None
+    judge_chat: CachedChat | None = None
+
+    def close(self) -> None:
+        self.cache.close()
+        for c in {
+            id(x): x for x in (self.chat.inner, self.judge_chat.inner if self.judge_chat else None) if x
+        }.values():
+            getattr(c, "close", lambda: None)()
 
 
 def resolve_path(path: str | Path) -> Path:

@@ -4,44 +4,29 @@ library it may start from (:func:`read_transfer`, ``api_grpo.init_behaviors``)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestry.algorithms.behaviors import TransferredLibrary, read_library
 from orchestry.llm.backends import BackendConfigError, make_backend
 from orchestry.llm.cache import CachedChat, ResponseCache
-from orchestry.llm.cost import CostTracker, require_price
+from orchestry.llm.cost import require_price
 from orchestry.tasks.code_collaboration import CodeCollaboration
 from orchestry.tasks.code_review import CodeReview
 from orchestry.tasks.common import Task
 from orchestry.tasks.documentation import Documentation
 from orchestry.tasks.research_synthesis import ResearchSynthesis
 from orchestry.tasks.story import Story
-from orchestry.training.api_clients import backend_options, resolve_path, sampling_settings, training_tracker
+from orchestry.training.api_clients import (
+    Clients,
+    backend_options,
+    resolve_path,
+    sampling_settings,
+    training_tracker,
+)
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoParams, SamplingParams
-
-
-@dataclass
-class Clients:
-    """The cached, costed clients of one run and the sampling settings resolved from params."""
-
-    chat: CachedChat
-    judge_chat: CachedChat | None
-    tracker: CostTracker
-    cache: ResponseCache
-    max_tokens: int
-    temperature: float | None
-    top_p: float | None
-
-    def close(self) -> None:
-        self.cache.close()
-        for c in {
-            id(x): x for x in (self.chat.inner, self.judge_chat.inner if self.judge_chat else None) if x
-        }.values():
-            getattr(c, "close", lambda: None)()
 
 
 def open_clients(
@@ -86,7 +71,7 @@ def open_clients(
         judge_chat = chat if judge_backend is policy else CachedChat(judge_backend, cache, tracker)
     temperature, top_p = sampling_settings(cfg, sampling)
     max_tokens = cfg.max_tokens or sampling.max_completion_length
-    return Clients(chat, judge_chat, tracker, cache, max_tokens, temperature, top_p)
+    return Clients(chat, tracker, cache, max_tokens, temperature, top_p, judge_chat)
 
 
 TASK_ROLES: dict[str, tuple[str, ...]] = {

@@ -33,7 +33,6 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,7 +44,7 @@ from orchestry.algorithms.orchestrator import (
 )
 from orchestry.llm.backends import BackendConfigError, make_backend
 from orchestry.llm.cache import CachedChat, ResponseCache
-from orchestry.llm.cost import BudgetExceeded, CostTracker, require_price
+from orchestry.llm.cost import BudgetExceeded, require_price
 from orchestry.metrics import mean_ci
 from orchestry.problems import Problem
 from orchestry.progress import progress_bar
@@ -53,7 +52,13 @@ from orchestry.tasks.agent_pool import (
     LevelScorer,
     make_agents,
 )
-from orchestry.training.api_clients import backend_options, resolve_path, sampling_settings, training_tracker
+from orchestry.training.api_clients import (
+    Clients,
+    backend_options,
+    resolve_path,
+    sampling_settings,
+    training_tracker,
+)
 from orchestry.training.orchestrator_env import (
     Episode,
     FixedPipeline,
@@ -80,22 +85,6 @@ EVAL_FIELDS = ["method", *TRAIN_FIELDS[2:]]
 
 
 # ---- clients ---------------------------------------------------------------------------------------------------
-@dataclass
-class Clients:
-    """The cached, costed chat client of one run and its sampling settings."""
-
-    chat: CachedChat
-    tracker: CostTracker
-    cache: ResponseCache
-    max_tokens: int
-    temperature: float | None
-    top_p: float | None
-
-    def close(self) -> None:
-        self.cache.close()
-        getattr(self.chat.inner, "close", lambda: None)()
-
-
 def open_clients(
     cfg: TrainOrchestratorParams,
     sampling: SamplingParams,
