@@ -16,6 +16,20 @@ from orchestry.cli.common import (
 )
 
 
+def _params_with_model(params: Path | None, model: str | None):
+    """The params (``--params``) with ``--model`` replacing ``model.path``; a folder without ``config.json`` is a
+    :class:`FileOptionError` on ``--model``."""
+    from orchestry.scoring import FileOptionError
+
+    cfg = _load_params(params)
+    if model is not None:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": model})})
+    if not (Path(cfg.model.path) / "config.json").is_file():
+        raise FileOptionError("model", f"no model at {cfg.model.path} (a folder with config.json and weights; "
+                              "`dvc repro prepare` writes models/base)")  # fmt: skip
+    return cfg
+
+
 def evaluate(
     problems: Annotated[
         str,
@@ -87,12 +101,7 @@ def evaluate(
         if samples is not None and samples.exists() and not samples.is_dir():
             raise FileOptionError("samples", f"{samples} is not a folder")
         probs = load_problems(problems)[:max_problems]
-        cfg = _load_params(params)
-        if model is not None:
-            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": model})})
-        if not (Path(cfg.model.path) / "config.json").is_file():
-            raise FileOptionError("model", f"no model at {cfg.model.path} (a folder with config.json and weights; "
-                                  "`dvc repro prepare` writes models/base)")  # fmt: skip
+        cfg = _params_with_model(params, model)
         check_adapters(adapters)
         k = num_samples or cfg.evaluate.num_samples
         console.print(f"{len(probs)} problems x {k} samples, base vs {adapters}", highlight=False)
@@ -230,12 +239,7 @@ def calibrate(
     with _errors(debug, (ParamsError, "--params: "), (FileOptionError, ""), (GeneratorError, "")):
         if out_dir.exists() and not out_dir.is_dir():
             raise FileOptionError("out-dir", f"{out_dir} is not a folder")
-        cfg = _load_params(params)
-        if model is not None:
-            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": model})})
-        if not (Path(cfg.model.path) / "config.json").is_file():
-            raise FileOptionError("model", f"no model at {cfg.model.path} (a folder with config.json and weights; "
-                                  "`dvc repro prepare` writes models/base)")  # fmt: skip
+        cfg = _params_with_model(params, model)
         typer.echo(f"calibrate: difficulties {difficulties}, {problems} problems x {samples} samples, "
                    f"model {cfg.model.path}", err=True)  # fmt: skip
         import torch
