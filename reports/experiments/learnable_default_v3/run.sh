@@ -25,4 +25,4 @@ done
 for who in base magrpo humaneval_base humaneval_magrpo; do cat "$out"/seed{0,1,2}/$who.jsonl > "$out/pooled_$who.jsonl"; done
 orchestry paired "$out/pooled_base.jsonl" "$out/pooled_magrpo.jsonl"                        # generated test split
 orchestry paired "$out/pooled_humaneval_base.jsonl" "$out/pooled_humaneval_magrpo.jsonl"    # HumanEval transfer
-python "$out/summarize.py" "$out"/seed{0,1,2}                                             # per seed and over seeds
+python reports/experiments/learnable_default_v2/summarize.py "$out"/seed{0,1,2}                                           # per seed and over seeds
