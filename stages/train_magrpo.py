@@ -90,6 +90,8 @@ def main() -> None:
             history = trainer.train()
         shutil.rmtree(ADAPTERS, ignore_errors=True)
         trainer.save_adapters(ADAPTERS)
+        if trainer.warm_start:  # the pair after the warm start alone, for `orchestry evaluate --adapters`
+            shutil.copytree(trainer.warm_start_dir, ADAPTERS / "warm_start")
         STEPS_CSV.parent.mkdir(parents=True, exist_ok=True)
         with open(STEPS_CSV, "w", newline="") as f:
             options = sorted({k for rec in history for k in rec if k.startswith(OPTION_PREFIXES)})
@@ -110,6 +112,8 @@ def main() -> None:
             completion_tokens=sum(r["tokens/completion"] for r in history),
             prompt_tokens=sum(r["tokens/prompt"] for r in history),
         )
+        if trainer.warm_start:
+            summary.update({f"warm_start_{k.replace('/', '_')}": v for k, v in trainer.warm_start.items()})
         if trainer.curriculum:  # curriculum=base_reward: the order (logged) and the base rollout's cost
             mlflow.log_dict(trainer.curriculum, "train/magrpo_curriculum.json")
             summary["prompt_tokens"] += trainer.curriculum["tokens/prompt"]

@@ -269,6 +269,16 @@ class TrainMagrpoParams(_Section):
         description="order of the training problems: none (seeded shuffle) | base_reward (the base policy's "
         "mean group reward, from one rollout at the start, easiest first)",
     )
+    warm_start_epochs: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="supervised warm start before the first MAGRPO step: epochs of next-token training of each "
+        "agent on the train problems' reference decompositions (generated problems: the helper writes the "
+        "first step as aux, the main calls aux and does the rest; orchestry.training.warm_start). 0: off",
+    )
+    warm_start_lr: float = Field(3e-4, gt=0, le=1.0, description="warm start: AdamW learning rate")
+    warm_start_batch: int = Field(8, ge=1, le=4096, description="warm start: examples per optimizer step")
 
     _modules_unique = field_validator("target_modules")(_unique)
 
@@ -296,6 +306,8 @@ class TrainMagrpoParams(_Section):
                 raise ValueError("credit counterfactual is defined for workflow helper_main only")
             if self.dynamic_sampling != "none" or self.curriculum != "none":
                 raise ValueError("workflow writer_tester_fixer runs without dynamic_sampling and curriculum")
+            if self.warm_start_epochs:
+                raise ValueError("warm_start_epochs needs workflow helper_main (reference decompositions)")
         if self.advantage == "reinforce_pp" and self.dynamic_sampling != "none":
             raise ValueError("dynamic_sampling works on groups; advantage reinforce_pp has none")
         return self

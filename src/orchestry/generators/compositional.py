@@ -456,3 +456,38 @@ def generate_splits(
         for i, r in enumerate(out[name]):
             r["task_id"] = f"Compositional/{name}/{i}"
     return {name: out[name] for name in SPLITS if name in sizes}
+
+
+def reference_decomposition(prompt: str, aux_spec: str, canonical_solution: str) -> tuple[str, str]:
+    """The intended helper/main split of a generated problem, as two Python functions.
+
+    The canonical solution is ``r = <arg>``, one statement per primitive, ``return r`` (:func:`_record`); the
+    helper's ``aux`` runs the first primitive and the main function calls ``aux`` and runs the rest::
+
+        def aux(xs: list) -> list:            def doubled_evens(xs: list) -> list:
+            r = xs                                r = aux(xs)
+            r = [x for x in r if x % 2 == 0]      r = [x * 2 for x in r]
+            return r                              return r
+
+    Args:
+        prompt, aux_spec, canonical_solution: the record's fields.
+
+    Returns:
+        ``(aux_code, main_code)``, each a complete ``def`` without docstring, ending in a newline.
+
+    Raises:
+        ValueError: the record was not made by this generator (no ``aux_spec``, or another solution shape).
+    """
+    lines = canonical_solution.rstrip("\n").split("\n")
+    if not aux_spec or len(lines) < 3 or not lines[0].startswith("    r = ") or lines[-1] != "    return r":
+        raise ValueError("not a generated compositional problem (aux_spec and its r = ... solution shape)")
+    arg = lines[0][len("    r = ") :]
+    aux_sig = aux_spec.split("\n", 1)[0]
+    main_sig = next((ln for ln in prompt.split("\n") if ln.startswith("def ")), "")
+    if not aux_sig.startswith("def aux(") or not main_sig:
+        raise ValueError("not a generated compositional problem (no def line in prompt or aux_spec)")
+    aux_code = f"{aux_sig}\n{lines[0]}\n{lines[1]}\n    return r\n"
+    main_code = (
+        f"{main_sig}\n    r = aux({arg})\n" + "".join(f"{ln}\n" for ln in lines[2:-1]) + "    return r\n"
+    )
+    return aux_code, main_code

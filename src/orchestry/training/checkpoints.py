@@ -145,6 +145,7 @@ def save_checkpoint(tr: Trainer, next_step: int) -> None:
         "resume_key": tr.resume_key,
         "history": tr.history,
         "curriculum": tr.curriculum,
+        "warm_start": tr.warm_start,
     }
     files = {
         "state.pt": _write_synced(tmp / "state.pt", buf.getvalue()),
@@ -242,6 +243,7 @@ def load_checkpoint(tr: Trainer) -> int:
             continue
         if order is not None:
             tr.order, tr.curriculum = order, info["curriculum"]
+        tr.warm_start = info.get("warm_start")
         return int(info["next_step"])
     if any(f.exists() for f in (_sibling(tr, ".new"), tr.checkpoint_dir, _sibling(tr, ".old"))):
         log.warning(

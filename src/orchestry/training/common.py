@@ -114,6 +114,7 @@ class Trainer(Protocol):
     samples: list[dict]
     resume_key: str
     curriculum: dict | None
+    warm_start: dict | None
     coach: object | None
     agents: tuple[str, ...]
     order: list[int]

@@ -64,6 +64,7 @@ from orchestry.training.common import (
 )
 from orchestry.training.rollouts import rollout
 from orchestry.training.turns import next_turn
+from orchestry.training.warm_start import warm_start as run_warm_start
 from orchestry.training.workflows import workflow_episode, workflow_rollout
 
 # importable from here, where stages, benchmarks and tests have always found them
@@ -117,6 +118,8 @@ class MAGRPOTrainer:
     # "tokens/prompt", "tokens/completion"}; None without a curriculum
     curriculum: dict | None = None
     coach: Coach | None = None  # coach.enabled: scores each agent action (rewards.coach.open_coach)
+    # warm_start_epochs > 0: the warm start's losses and seconds (training.warm_start.warm_start); None: none ran
+    warm_start: dict | None = None
 
     def __post_init__(self):
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -155,8 +158,14 @@ class MAGRPOTrainer:
                     self.on_step(rec)
                 if self.rank == 0:
                     step_log.log_samples_table(self.samples, rec["step"])
-        elif self.cfg.curriculum == "base_reward":
-            self.build_curriculum()
+        else:
+            if self.cfg.warm_start_epochs:  # supervised warm start (training.warm_start), then MAGRPO
+                self.warm_start = run_warm_start(self, self.bf16)
+                log.info("warm start: %s", self.warm_start)
+                if self.rank == 0:
+                    self.save_adapters(self.warm_start_dir)
+            if self.cfg.curriculum == "base_reward":
+                self.build_curriculum()
         steps = range(start, self.cfg.num_steps)
         bar = None
         if progress and self.rank == 0:
@@ -196,6 +205,11 @@ class MAGRPOTrainer:
         return self.history
 
     # ------------------------------------------------------------------ rollout -> reward
+    @property
+    def warm_start_dir(self) -> Path:
+        """Where the adapters after the warm start (before any MAGRPO step) are saved: ``<checkpoint>.warm_start``."""
+        return self.checkpoint_dir.with_name(self.checkpoint_dir.name + ".warm_start")
+
     def problems_for_step(self, step: int) -> list[Problem]:
         """This process's ``problems_per_step`` problems of ``step`` (processes take consecutive slices)."""
         P = self.cfg.problems_per_step

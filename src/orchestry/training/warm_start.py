@@ -1,0 +1,124 @@
+"""Supervised warm start of the helper/main pair on the generated problems' reference decompositions.
+
+Group-relative RL only reinforces what the policy samples. On the generated problems the 135M main agent calls
+the helper's ``aux`` in 0-2 % of its samples whatever the prompt says (reports/experiments/learnable_default_v3),
+so the gated cooperation bonus is never sampled and MAGRPO cannot raise it. The standard remedy is a short
+supervised phase before RL (the "cold start" of DeepSeek-R1, arXiv 2501.12948, section 2.3.1; SFT then RL in
+InstructGPT, arXiv 2203.02155): here each agent is trained for ``warm_start_epochs`` epochs with the next-token
+loss on its part of every train problem's reference solution
+(:func:`orchestry.generators.compositional.reference_decomposition`): the helper writes the first primitive as
+``aux``, the main calls ``aux`` and applies the rest. Only train problems are used; the test split's
+compositions never occur in them, so a warm-started pair that passes test problems has learned to combine,
+not memorised answers.
+
+The loss of a batch is the mean over its target tokens of -log pi(y_t | prompt, y_<t), with the prompt the agent
+sees in training (:meth:`orchestry.problems.Problem.helper_prompt` / ``main_prompt``, chat format) and the target
+the code block the policy would write (`````python ... `````). Each agent has its own AdamW (``warm_start_lr``),
+separate from the MAGRPO optimizers, whose moments start at zero after the warm start.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+import torch
+
+from orchestry.generators.compositional import reference_decomposition
+from orchestry.llm.local import adapter_parameters, bf16_autocast, chat_prompt, completion_logprobs
+from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
+from orchestry.training.common import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def warm_start_examples(problems: list[Problem], tokenizer) -> dict[str, list[tuple[str, str]]]:
+    """``{"helper": [(chat prompt, target)], "main": [...]}``, one pair per problem, in problem order.
+
+    Raises:
+        ValueError: a problem has no reference decomposition (not generated: ``prepare.source: compositional``
+            makes them); the message names its task id.
+    """
+    out: dict[str, list[tuple[str, str]]] = {"helper": [], "main": []}
+    for p in problems:
+        try:
+            aux_code, main_code = reference_decomposition(p.prompt, p.aux_spec, p.canonical_solution)
+        except ValueError as e:
+            raise ValueError(
+                f"train_magrpo.warm_start_epochs needs generated problems (prepare.source: compositional): "
+                f"{p.task_id}: {e}"
+            ) from None
+        out["helper"].append(
+            (chat_prompt(tokenizer, p.helper_prompt(), HELPER_SYSTEM), f"```python\n{aux_code}```")
+        )
+        out["main"].append(
+            (chat_prompt(tokenizer, p.main_prompt(), MAIN_SYSTEM), f"```python\n{main_code}```")
+        )
+    return out
+
+
+def _batch(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(ids [B, P+T], mask, P)``: prompts left-padded to P, targets right-padded to T."""
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p, _ in pairs]
+    targets = [tokenizer(t, add_special_tokens=False)["input_ids"] for _, t in pairs]
+    P, T = max(map(len, prompts)), max(map(len, targets))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.full((len(pairs), P + T), pad, dtype=torch.long)
+    mask = torch.zeros((len(pairs), P + T), dtype=torch.long)
+    for i, (p, t) in enumerate(zip(prompts, targets, strict=True)):
+        ids[i, P - len(p) : P] = torch.tensor(p)
+        ids[i, P : P + len(t)] = torch.tensor(t)
+        mask[i, P - len(p) : P + len(t)] = 1
+    return ids, mask, P
+
+
+def warm_start(tr: Trainer, bf16: bool = False) -> dict:
+    """Train each agent's adapter on its reference parts of ``tr.problems`` (module docstring).
+
+    ``cfg.warm_start_epochs`` epochs, batches of ``cfg.warm_start_batch`` examples in a seeded order per epoch
+    (``cfg.seed``), one clipped (``max_grad_norm``) AdamW step per batch. Every process of a data-parallel run
+    trains the same examples in the same order, so their adapters stay equal.
+
+    Returns:
+        ``{"seconds", "examples", "steps", "loss/<agent>/first", "loss/<agent>/last"}``: the mean token loss
+        (nats) of each agent's first and last epoch.
+
+    Raises:
+        ValueError: a train problem has no reference decomposition (:func:`warm_start_examples`).
+    """
+    cfg = tr.cfg
+    t0 = time.time()
+    examples = warm_start_examples(list(tr.problems), tr.tokenizer)
+    out: dict = {"examples": len(tr.problems), "steps": 0}
+    tr.model.train()
+    for agent in tr.agents:
+        params = adapter_parameters(tr.model, agent)
+        opt = torch.optim.AdamW(params, lr=cfg.warm_start_lr, weight_decay=cfg.weight_decay)
+        tr.model.set_adapter(agent)
+        rng = random.Random(cfg.seed)
+        pairs = examples[agent]
+        for epoch in range(cfg.warm_start_epochs):
+            order = list(range(len(pairs)))
+            rng.shuffle(order)
+            total, tokens = 0.0, 0
+            for at in range(0, len(order), cfg.warm_start_batch):
+                ids, mask, P = _batch(tr.tokenizer, [pairs[j] for j in order[at : at + cfg.warm_start_batch]])
+                with bf16_autocast(tr.model, bf16):
+                    _, tok_lp, tmask = completion_logprobs(tr.model, ids, mask, P)
+                n = float(tmask.sum())
+                loss = -tok_lp.sum() / n
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                opt.step()
+                total, tokens = total + float(loss.detach()) * n, tokens + int(n)
+                out["steps"] += 1
+            mean = total / max(tokens, 1)
+            if epoch == 0:
+                out[f"loss/{agent}/first"] = mean
+            out[f"loss/{agent}/last"] = mean
+            log.info("warm start %s epoch %d/%d: loss %.3f", agent, epoch + 1, cfg.warm_start_epochs, mean)
+        opt.zero_grad(set_to_none=True)
+    out["seconds"] = time.time() - t0
+    return out
