@@ -8,6 +8,7 @@ import mlflow
 
 from orchestry.baselines import run_method
 from orchestry.config import BASELINE_METHODS
+from orchestry.metric_names import method_metrics
 from orchestry.metrics import summarize
 from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, start_stage, write_json, write_jsonl
@@ -49,7 +50,7 @@ def main() -> None:
         out = f"reports/baselines/{args.method}.jsonl"
         write_jsonl(out, records)
         write_json(f"reports/baselines/{args.method}.json", summary)
-        log_metrics({k: v for k, v in summary.items()})
+        log_metrics(method_metrics("test", f"baseline_{args.method}", summary))
         log_metrics(
             {
                 "cost/prompt_tokens": sum(r["prompt_tokens"] for r in records),

@@ -10,6 +10,7 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
+from orchestry.metric_names import scheme_metrics
 from orchestry.problems import read_problems
 from orchestry.rewards.code import extract_code
 from orchestry.runtime import read_jsonl, start_stage, write_json, write_jsonl
@@ -53,7 +54,7 @@ def main() -> None:
         write_json("reports/schemes.json", report)
         write_jsonl("reports/schemes_samples.jsonl", rows)
         for m, dist in report["distribution"].items():
-            log_metrics({f"{m}/{s}": v for s, v in dist.items()})
+            log_metrics(scheme_metrics(m, dist))
         mlflow.log_artifact("reports/schemes.json")
         for m, dist in report["distribution"].items():
             print(m, {k: round(v, 2) for k, v in dist.items() if v})

@@ -7,6 +7,7 @@ from pathlib import Path
 import mlflow
 
 from orchestry.evaluation import evaluate_agents, evaluate_workflow, trained_minus_base
+from orchestry.metric_names import method_metrics
 from orchestry.metrics import key_metrics, summarize
 from orchestry.mlflow_models import log_samples_table
 from orchestry.problems import read_problems
@@ -30,13 +31,13 @@ def score_pairs(problems, model, tok, sb, params, turns: int, workflow: bool):
 
 def extra_set(pairs, samples: str, prefix: str, n_problems: int, iv) -> dict:
     """One extra evaluation set (a transfer set, the val split): each pair's samples written to ``samples``
-    (``{name}`` filled in), its metrics logged under ``<prefix>/<name>/``, and trained - base paired."""
+    (``{name}`` filled in), its metrics logged under ``<prefix>/<name>/`` (costs under ``cost/<prefix>/<name>/``), and trained - base paired."""
     methods: dict[str, dict] = {}
     records: dict[str, list[dict]] = {}
     for name, recs, summary in pairs:
         methods[name], records[name] = summary, recs
         write_jsonl(samples.format(name=name), recs)
-        log_metrics({f"{prefix}/{name}/{k}": v for k, v in summary.items()})
+        log_metrics(method_metrics(prefix, name, summary))
     return {
         "problems": n_problems,
         "methods": methods,
@@ -64,7 +65,7 @@ def main() -> None:
                 write_jsonl(f"reports/eval/{name}.jsonl", recs)
                 mlflow.log_artifact(f"reports/eval/{name}.jsonl", "samples")
                 log_samples_table(recs, f"samples/eval_{name}.json")  # per-sample table (mlflow.load_table)
-                log_metrics({f"{name}/{k}": v for k, v in summary.items()})
+                log_metrics(method_metrics("test", name, summary))
             for path in sorted(Path("reports/baselines").glob("*.jsonl")):
                 recs = read_jsonl(path)
                 ks_b = sorted({1, params.baselines.num_samples})

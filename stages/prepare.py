@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 from orchestry.generators.compositional import GeneratorError, generate_splits
+from orchestry.metric_names import prepare_metrics
 from orchestry.problems import (
     Problem,
     ProblemFormatError,
@@ -103,16 +104,7 @@ def main() -> None:
         report["model"] = info
         print(f"embedded model converted to models/base in {info['seconds']}s")
         write_json("reports/prepare.json", report)
-        log_metrics(
-            {
-                "problems": report["problems"],
-                "asserts": report["asserts"],
-                "canonical_passed": report["canonical_passed"],
-                "canonical_checked": report["canonical_checked"],
-                **{f"split/{k}": v for k, v in report["split_sizes"].items()},
-                **{f"transfer/{k}": v for k, v in report["transfer_sizes"].items()},
-            }
-        )
+        log_metrics(prepare_metrics(report))
 
 
 if __name__ == "__main__":

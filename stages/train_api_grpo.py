@@ -17,6 +17,7 @@ import mlflow
 from orchestry.algorithms.behaviors import LibraryError
 from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
+from orchestry.metric_names import api_grpo_summary_name, renamed
 from orchestry.metrics import flat_numbers as _flat_numbers
 from orchestry.overrides import OverrideError, read_overrides
 from orchestry.problems import read_problems
@@ -76,10 +77,7 @@ def main() -> None:
             n_boot=params.intervals.resamples,
             overrides=overrides,
         )
-        total = {
-            f"summary/{k}": v for k, v in _flat_numbers(summary).items() if not k.startswith("cost/by_tag")
-        }
-        log_metrics(total)
+        log_metrics(renamed(_flat_numbers(summary), api_grpo_summary_name))
         mlflow.set_tags(
             {"budget_status": summary["budget"]["status"], "eval_status": summary["eval"].get("status", "")}
         )

@@ -9,6 +9,7 @@ from pathlib import Path
 import mlflow
 
 from orchestry.llm.local import attach_adapters
+from orchestry.metric_names import magrpo_step_metrics, magrpo_summary_metrics
 from orchestry.metrics import quarter_comparison
 from orchestry.mlflow_models import register_adapters
 from orchestry.problems import read_problems
@@ -71,7 +72,7 @@ def main() -> None:
         )
 
         def on_step(rec: dict) -> None:
-            log_metrics({k: v for k, v in rec.items() if k != "step"}, step=rec["step"])
+            log_metrics(magrpo_step_metrics(rec), step=rec["step"])
 
         with open_sandbox(params) as sb:
             trainer = MAGRPOTrainer(
@@ -122,13 +123,10 @@ def main() -> None:
             summary.update({f"coach_{k}": v for k, v in coach.counters().items()})
             summary["coach_usd"] = coach.client.tracker.spent_usd
         write_json("reports/train/magrpo.json", summary)
-        log_metrics({f"summary/{k}": v for k, v in summary.items()})
-        log_metrics(
-            {
-                "cost/prompt_tokens": summary["prompt_tokens"],
-                "cost/completion_tokens": summary["completion_tokens"],
-            }
-        )
+        # at the last step, so the logged model (log_model links the metrics of its step) carries the final
+        # values of the curves and these totals
+        final_step = history[-1]["step"] if history else 0
+        log_metrics(magrpo_summary_metrics(summary), step=final_step)
         for agent in agents:
             mlflow.log_artifacts(str(ADAPTERS / agent), f"adapters/{agent}")
         mlflow.log_artifact(str(STEPS_CSV), "train")
@@ -136,7 +134,7 @@ def main() -> None:
         if cfg.workflow == "helper_main":
             register_adapters(ADAPTERS, base_path=params.model.path, dtype=params.model.dtype,
                               load_in_4bit=params.model.load_in_4bit,
-                              max_new_tokens=params.sampling.max_completion_length)  # fmt: skip
+                              max_new_tokens=params.sampling.max_completion_length, step=final_step)  # fmt: skip
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}))
     # done: the adapters are DVC outs now; the checkpoint (adapters + AdamW states) only served a resume
     for folder in (ckpt, ckpt.with_name(ckpt.name + ".new"), ckpt.with_name(ckpt.name + ".old")):

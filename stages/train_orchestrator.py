@@ -16,6 +16,7 @@ import mlflow
 
 from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
+from orchestry.metric_names import orchestrator_summary_name, renamed
 from orchestry.metrics import flat_numbers as _flat_numbers
 from orchestry.problems import read_problems
 from orchestry.runtime import open_sandbox, start_stage
@@ -57,7 +58,7 @@ def main() -> None:
             n_boot=params.intervals.resamples,
         )
         flat = _flat_numbers({k: summary[k] for k in ("train", "eval", "learned", "cost", "cache")})
-        _log({f"summary/{k}": v for k, v in flat.items() if "transitions" not in k and "sequences" not in k})
+        _log(renamed(flat, orchestrator_summary_name))
         mlflow.set_tags(
             {"eval_status": summary["eval"]["status"], "budget_status": summary["cost"]["budget_status"]}
         )

@@ -267,7 +267,7 @@ def test_rerun_with_same_params_makes_zero_server_calls(tmp_path, key, monkeypat
     assert s1["cost"]["usd"] == pytest.approx(n_first * (100 * 1e-6 + 20 * 5e-6))
     train = [e for e in ep1 if e["phase"] == "train"]
     assert len(train) == 4 and all(e["cost"]["calls"] + e["cost"]["cached_calls"] == 6 for e in train)
-    assert [s for s, _ in metrics] == [0, 1, 2, 3] and "cost/usd" in metrics[-1][1]
+    assert [s for s, _ in metrics] == [0, 1, 2, 3] and "train/usd" in metrics[-1][1]
     # the library was extracted after episodes 2 and 4 and injected into episodes 3-4
     lib = json.loads((tmp_path / "run1" / "learned_behaviors.json").read_text())
     assert [u["after_episode"] for u in lib["updates"]] == [2, 4]
@@ -438,8 +438,10 @@ def test_judge_agreement_is_logged_and_progress_shown(tmp_path, key, monkeypatch
     assert (
         agree["pairs"] == 16 and agree["spearman"] > 0.5 and agree["kappa"] > 0.5
     )  # 4 episodes x 4 trajectories
-    logged = [(s, m) for s, m in metrics if "judge/kappa" in m]
-    assert [s for s, _ in logged] == [2, 4] and logged[-1][1]["judge/kappa"] == pytest.approx(agree["kappa"])
+    logged = [(s, m) for s, m in metrics if "train/judge/kappa" in m]
+    assert [s for s, _ in logged] == [2, 4] and logged[-1][1]["train/judge/kappa"] == pytest.approx(
+        agree["kappa"]
+    )
     saved = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert saved["judge"]["agreement"] == agree
     err = capsys.readouterr().err

@@ -182,7 +182,11 @@ def store(tmp_path, monkeypatch):
     mlflow.set_tracking_uri(None)
     time.sleep(0.01)
     monkeypatch.setenv("DVC_EXP_NAME", "exp-b")
-    for name, m in (("train_magrpo", {"summary/difference": 0.3}), ("evaluate", {"magrpo/reward": 1.75})):
+    # stage_run tags the runs with the current vocabulary: they log the new names (docs/metrics.md)
+    for name, m in (
+        ("train_magrpo", {"train/summary/difference": 0.3}),
+        ("evaluate", {"test/magrpo/reward": 1.75}),
+    ):
         with stage_run(name, {"x": 1}, "orchestry", uri=uri):
             log_metrics(m)
     monkeypatch.delenv("DVC_EXP_NAME")
@@ -191,26 +195,35 @@ def store(tmp_path, monkeypatch):
 
 
 def test_compare_one_row_per_execution(store):
+    # the default columns are the current names (docs/metrics.md); the flat runs logged the old ones
     table = executions(load_runs("orchestry", store))
     assert list(table["execution"]) == ["exp-b", "exp-c", "exp-a", "workspace"]  # newest first
     rows = table.set_index("execution")
     ws, a, b, c = (rows.loc[k] for k in ("workspace", "exp-a", "exp-b", "exp-c"))
     assert (
-        ws["stages"] == 3 and ws["evaluate:magrpo/reward"] == 1.1 and ws["evaluate:magrpo/pass_at_1"] == 0.25
+        ws["stages"] == 3
+        and ws["evaluate:test/magrpo/reward"] == 1.1
+        and ws["evaluate:test/magrpo/pass_at_1"] == 0.25
     )
     assert (
-        ws["train_magrpo:summary/difference"] == 0.5 and ws["status"] == "FINISHED" and ws["seconds"] == 3.0
+        ws["train_magrpo:train/summary/difference"] == 0.5
+        and ws["status"] == "FINISHED"
+        and ws["seconds"] == 3.0
     )
     assert ws["git_revision"] == "aaa111" and ws["params_hash"] == ""
-    assert a["evaluate:magrpo/reward"] == 0.9 and a["evaluate:base/reward"] == 0.4  # the newer evaluate run
-    assert a["train_magrpo:summary/difference"] != a["train_magrpo:summary/difference"]  # NaN: not logged
+    assert (
+        a["evaluate:test/magrpo/reward"] == 0.9 and a["evaluate:test/base/reward"] == 0.4
+    )  # the newer evaluate run
+    assert (
+        a["train_magrpo:train/summary/difference"] != a["train_magrpo:train/summary/difference"]
+    )  # NaN: not logged
     assert c["stages"] == 2 and c["params_hash"] == "feedbeef" and c["git_revision"] == "abc123"
-    assert c["evaluate:magrpo/reward"] == 2.5 and c["train_magrpo:summary/difference"] == -0.1
+    assert c["evaluate:test/magrpo/reward"] == 2.5 and c["train_magrpo:train/summary/difference"] == -0.1
     assert c["seconds"] == 20.0
     assert (
         b["stages"] == 2
-        and b["evaluate:magrpo/reward"] == 1.75
-        and b["train_magrpo:summary/difference"] == 0.3
+        and b["evaluate:test/magrpo/reward"] == 1.75
+        and b["train_magrpo:train/summary/difference"] == 0.3
     )
     assert b["status"] == "FINISHED" and b["seconds"] > 0
 

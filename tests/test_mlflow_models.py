@@ -260,3 +260,22 @@ def test_openai_compatible_calls_are_traced_inside_a_stage_run(store, tmp_path):
         }
     finally:
         mlflow.openai.autolog(disable=True)
+
+
+def test_the_logged_model_carries_the_final_step_metrics(store, trained):
+    """train_magrpo registers with its last step: the logged model's metrics are the curves' last values and the
+    summary logged at that step, not step 0's."""
+    from orchestry.tracking import log_metrics
+
+    _, _, base, adapters = trained
+    with stage_run("train_magrpo", {}, "test", uri=store) as run:
+        for step, reward in enumerate((0.5, 1.0, 2.25)):
+            log_metrics({"train/reward": reward}, step=step)
+        log_metrics({"train/summary/difference": 1.75}, step=2)
+        mv = register_adapters(adapters, name=NAME, base_path=base, max_new_tokens=NEW_TOKENS, step=2)
+    client = mlflow.MlflowClient(store)
+    (model,) = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    assert mv.run_id == run.info.run_id
+    final = {m.key: m.value for m in model.metrics}
+    assert final == {"train/reward": 2.25, "train/summary/difference": 1.75}
+    assert {m.step for m in model.metrics} == {2} and model.source_run_id == run.info.run_id

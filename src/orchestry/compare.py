@@ -9,12 +9,16 @@ A pipeline execution is
   ``dvc_experiment`` tag (``workspace`` when unset: a plain ``dvc repro``) and ``git_revision``.
 
 A metric is named ``stage:metric`` (the newest run of that stage in the execution that logged it, e.g.
-``evaluate:magrpo/reward``) or ``metric`` (the newest run of any stage that logged it). ``@`` is written as MLflow
+``evaluate:test/magrpo/reward``) or ``metric`` (the newest run of any stage that logged it). ``@`` is written as MLflow
 stores it (``pass@1`` is ``pass_at_1``); either spelling is accepted.
 
 A stage DVC did not run in an execution (its outputs unchanged or restored from DVC's cache) has no run there; its
 metrics come from the run that the parent run links (tag ``cached_run.<stage>``,
 :func:`orchestry.tracking.link_cached_stages`): the run that made the outputs the execution used.
+
+Metric names are those of ``docs/metrics.md`` (:mod:`orchestry.metric_names`). Stage runs logged before that
+vocabulary (no tag ``metric_vocabulary``) are read under the new names too (:func:`upgrade_legacy_metrics`), and a
+``stage:metric`` written with an old name (``evaluate:magrpo/reward``) reads the new one (``test/magrpo/reward``).
 """
 
 from __future__ import annotations
@@ -24,18 +28,21 @@ from pathlib import Path
 
 import pandas as pd
 
+from orchestry.metric_names import VOCABULARY_TAG, legacy_name
 from orchestry.tracking import CACHED_RUN_PREFIX, cached_run_tag, metric_name
 
-#: Evaluate's trained and base rewards (max 4.0), the trained pair's cooperation rate and pass@1, and MAGRPO's
-#: training reward (last quarter of the updates, and last minus first quarter).
+#: Evaluate's trained and base rewards on the test split (max 4.0), the trained pair's cooperation rate and
+#: pass@1, and MAGRPO's training reward (last quarter of the steps, and last minus first quarter).
 DEFAULT_METRICS = (
-    "evaluate:magrpo/reward",
-    "evaluate:base/reward",
-    "evaluate:magrpo/cooperation_rate",
-    "evaluate:magrpo/pass_at_1",
-    "train_magrpo:summary/last_quarter_reward",
-    "train_magrpo:summary/difference",
+    "evaluate:test/magrpo/reward",
+    "evaluate:test/base/reward",
+    "evaluate:test/magrpo/cooperation_rate",
+    "evaluate:test/magrpo/pass_at_1",
+    "train_magrpo:train/summary/last_quarter_reward",
+    "train_magrpo:train/summary/difference",
 )
+#: Prefixes of the current vocabulary: a ``stage:name`` without one is an old name (:func:`_split`).
+_CURRENT_PREFIXES = ("train/", "test/", "transfer/", "val/", "cost/", "schemes/", "prepare/", "system/")
 PARENT = "tags.mlflow.parentRunId"
 _TAGS = ("tags.stage", PARENT, "tags.dvc_experiment", "tags.git_revision", "tags.params_hash")
 _STATUS_ORDER = ("FAILED", "KILLED", "RUNNING", "SCHEDULED", "FINISHED")  # an execution shows its worst stage
@@ -73,9 +80,49 @@ def load_runs(experiment: str, tracking_uri: str) -> pd.DataFrame:
 
 
 def _split(spec: str) -> tuple[str | None, str]:
-    """``"stage:metric"`` -> ``(stage, MLflow metric name)``; ``"metric"`` -> ``(None, name)``."""
+    """``"stage:metric"`` -> ``(stage, MLflow metric name)``; ``"metric"`` -> ``(None, name)``. An old name of a
+    stage (no prefix of the current vocabulary, e.g. ``evaluate:magrpo/reward``) becomes its current one."""
     stage, sep, name = spec.rpartition(":")
-    return (stage if sep else None), metric_name(name)
+    name = metric_name(name)
+    if sep and not name.startswith(_CURRENT_PREFIXES):
+        name = legacy_name(stage, name)
+    return (stage if sep else None), name
+
+
+def upgrade_legacy_metrics(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` (``mlflow.search_runs``' frame) with each stage run logged before the current vocabulary (no tag
+    ``metric_vocabulary``) also holding its metrics under their current names (:func:`legacy_name`; a renamed
+    old metric wins over an old one that had the new name with another meaning, e.g. API-GRPO's per-episode
+    ``cost/usd``). The old columns stay, so a bare old name still reads old runs."""
+    tag = f"tags.{VOCABULARY_TAG}"
+    if runs.empty or "tags.stage" not in runs:
+        return runs
+    legacy = runs["tags.stage"].notna() & (runs[tag].isna() if tag in runs else True)
+    if not legacy.any():
+        return runs
+    df = runs.copy()
+    cols = [c for c in df if c.startswith("metrics.")]
+    new_cols: dict[str, pd.Series] = {}
+    for stage in df.loc[legacy, "tags.stage"].unique():
+        rows = legacy & (df["tags.stage"] == stage)
+        for c in cols:
+            old = c.removeprefix("metrics.")
+            new = legacy_name(stage, old)
+            if new == old:
+                continue
+            values = df.loc[rows, c].dropna()
+            if values.empty:
+                continue
+            target = new_cols.setdefault(
+                f"metrics.{new}",
+                df[f"metrics.{new}"].copy()
+                if f"metrics.{new}" in df
+                else pd.Series(float("nan"), index=df.index),
+            )
+            target.loc[values.index] = values
+    for c, s in new_cols.items():
+        df[c] = s
+    return df
 
 
 def executions(
@@ -106,7 +153,7 @@ def executions(
     ]
     if runs.empty:
         return pd.DataFrame(columns=cols)
-    df = runs.copy()
+    df = upgrade_legacy_metrics(runs).copy()
     for c in _TAGS:
         if c not in df:
             df[c] = None

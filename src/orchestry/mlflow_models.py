@@ -245,6 +245,7 @@ def register_adapters(
     artifact_name: str = "magrpo_agents",
     task: str = "code_collaboration (helper -> main)",
     alias: str | None = ALIAS,
+    step: int = 0,
 ):
     """Log the MAGRPO adapters as a pyfunc model (:class:`MagrpoAgents`) in the active run and register it.
 
@@ -257,6 +258,9 @@ def register_adapters(
         include_base: also store the base weights in the model (self-contained; 538 MB for the default model).
         task: the task the adapters were trained on (in the version's description).
         alias: set on the new version (moved from an older one); None sets none.
+        step: the run's step whose metrics the logged model carries (MLflow links the run's metrics logged at
+            this step to the model): ``train_magrpo`` passes its last step, so the model's metrics are the
+            final values of the training curves and the run's summary (logged at that step), not step 0's.
 
     Returns:
         the ``mlflow.entities.model_registry.ModelVersion``, tagged with ``base_source``, ``base_fingerprint``,
@@ -326,6 +330,7 @@ def register_adapters(
         signature=signature,
         pip_requirements=_requirements(),
         registered_model_name=name,
+        step=step,
     )
     shutil.rmtree(code.parent, ignore_errors=True)
     client = mlflow.MlflowClient()

@@ -103,7 +103,7 @@ def compare(
     metric: Annotated[
         list[str] | None,
         typer.Option(
-            help="Metric as stage:name (e.g. evaluate:magrpo/reward) or name; repeatable. Default: "
+            help="Metric as stage:name (e.g. evaluate:test/magrpo/reward; docs/metrics.md) or name; repeatable. Default: "
             "trained and base test reward, cooperation rate, pass@1, MAGRPO's training reward."
         ),  # fmt: skip
     ] = None,

@@ -38,7 +38,7 @@ outputs are written and ``summary.json`` says ``budget_status: exhausted``.
 
 With the judge on, its agreement with the executable reward over the judged training trajectories
 (:func:`orchestry.rewards.judge.judge_agreement`: Spearman's rho, quadratic-weighted Cohen's kappa) is logged
-after every block (``judge/spearman``, ``judge/kappa``) and reported in ``summary.json`` (``judge.agreement``).
+after every block (``train/judge/spearman``, ``train/judge/kappa``) and reported in ``summary.json`` (``judge.agreement``).
 Progress bars (:mod:`orchestry.progress`): training per episode (live mean selected reward, best value, USD),
 evaluation per turn (live mean reward of the turn's answers).
 """
@@ -370,7 +370,7 @@ class ApiGrpoRun:
             )
             if self.judge is not None:
                 agree = self.judge_agreement()
-                self.on_metrics({f"judge/{k}": v for k, v in agree.items() if math.isfinite(v)}, done)
+                self.on_metrics({f"train/judge/{k}": v for k, v in agree.items() if math.isfinite(v)}, done)
             try:
                 self._refresh_library(done)
             except BudgetExceeded as e:
@@ -454,14 +454,15 @@ class ApiGrpoRun:
                 "train/group_mean_value": sum(group) / len(group),
                 "train/group_max_value": max(group),
                 "train/behaviors_version": rec["behaviors_version"],
-                "cost/episode_usd": rec["cost"]["usd"],
-                "cost/episode_tokens": rec["cost"]["tokens"],
-                "cost/usd": snap["usd"],
-                "cost/tokens": snap["tokens"],
-                "cost/calls": snap["calls"],
-                "cost/cached_calls": snap["cached_calls"],
-                "cost/budget_fraction": snap["budget_fraction"],
-                "cache/hit_rate": snap["cache_hit_rate"],
+                # spend per episode and so far (the run's totals are cost/... in the stage's summary)
+                "train/episode_usd": rec["cost"]["usd"],
+                "train/episode_tokens": rec["cost"]["tokens"],
+                "train/usd": snap["usd"],
+                "train/tokens": snap["tokens"],
+                "train/calls": snap["calls"],
+                "train/cached_calls": snap["cached_calls"],
+                "train/budget_fraction": snap["budget_fraction"],
+                "train/cache_hit_rate": snap["cache_hit_rate"],
             },
             step,
         )

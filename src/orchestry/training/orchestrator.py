@@ -208,8 +208,8 @@ class OrchestratorRun:
             self.updates.append(stats)
             shares = agent_shares(eps, [a.name for a in self.agents])
             self.on_metrics(
-                {f"update/{k2}": v for k2, v in stats.items() if k2 != "update"}
-                | {f"update/agent_share/{n}": v for n, v in shares.items()},
+                {f"train/update/{k2}": v for k2, v in stats.items() if k2 != "update"}
+                | {f"train/update/agent_share/{n}": v for n, v in shares.items()},
                 u,
             )
             bar.update(k)
