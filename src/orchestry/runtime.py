@@ -57,7 +57,8 @@ def accelerate_command(num_processes: int, script: str | Path, args: Iterable[st
 
 def relaunch_under_accelerate(num_processes: int, script: str | Path) -> int:
     """Run ``script`` (with this process's arguments) in ``num_processes`` processes under ``accelerate launch``
-    (:func:`accelerate_command`) and return the launcher's exit code (128 + N when a signal N ended it).
+    (:func:`accelerate_command`) and return the launcher's exit code (128 + N when a signal N ended it or was
+    passed on to it).
 
     A stage calls it when asked for several processes and not already inside a launch (no ``WORLD_SIZE``), so
     ``dvc repro`` stays the one command. SIGTERM and SIGINT received here are passed on to the launcher, which
@@ -69,8 +70,10 @@ def relaunch_under_accelerate(num_processes: int, script: str | Path) -> int:
     cmd = accelerate_command(num_processes, script, sys.argv[1:])
     logging.getLogger(__name__).info("relaunching in %d processes: %s", num_processes, " ".join(cmd))
     child = subprocess.Popen(cmd)
+    received: list[int] = []
 
     def forward(signum, frame) -> None:
+        received.append(signum)
         child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -79,6 +82,8 @@ def relaunch_under_accelerate(num_processes: int, script: str | Path) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if code and received:  # the launcher exits 1 when a signal stopped it: report the signal, as a stage does
+        return 128 + received[0]
     return 128 - code if code < 0 else code
 
 
