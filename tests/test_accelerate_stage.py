@@ -202,3 +202,16 @@ def test_two_processes_resume_after_a_kill_and_match_one_process(repo, tmp_path)
     assert max(float(w2[k].abs().max()) for k in w2 if "lora_B" in k) > 0  # the warm start trained them
     # the finished run removed its checkpoint and warm-started pair
     assert not list((two / ".orchestry/checkpoints/magrpo").iterdir())
+
+
+def test_step_records_of_the_processes_merge_into_the_whole_steps():
+    from orchestry.training.batching import merge_records
+
+    a = {"step": 3, "reward": 1.0, "tokens/completion": 10, "seconds": 2.0, "rows_updated/main": 4,
+         "problems": ["p0", "p1"], "truncation_rate": 0.5, "advantage_abs/main": 0.2}  # fmt: skip
+    b = {"step": 3, "reward": 2.0, "tokens/completion": 30, "seconds": 5.0, "rows_updated/main": 2,
+         "problems": ["p2", "p3"], "truncation_rate": 0.0}  # fmt: skip
+    m = merge_records([a, b])
+    assert m == {"step": 3, "reward": 1.5, "tokens/completion": 40, "seconds": 5.0, "rows_updated/main": 6,
+                 "problems": ["p0", "p1", "p2", "p3"], "truncation_rate": 0.25,
+                 "advantage_abs/main": 0.2}  # fmt: skip
