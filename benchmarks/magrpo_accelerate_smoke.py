@@ -88,16 +88,19 @@ def main() -> None:
         if "lora_" in n:
             digest.update(p.detach().numpy().tobytes())
     moved = any(not torch.equal(p, initial[n]) for n, p in model.named_parameters() if "lora_" in n)
-    seen = [p for h in history for p in h["problems"]]
-    rows = [(state.process_index, digest.hexdigest()[:16], seen, moved)]
+    # this process's own problems; the history (gathered from every process) lists all of them
+    seen = [p.task_id for s in range(len(history)) for p in trainer.problems_for_step(s)]
+    listed = [p for h in history for p in h["problems"]]
+    rows = [(state.process_index, digest.hexdigest()[:16], seen, moved, listed)]
     everything = gather_object(rows)
     if state.is_main_process:
-        hashes = {h for _, h, _, _ in everything}
-        for rank, h, seen, moved in sorted(everything):
+        hashes = {h for _, h, _, _, _ in everything}
+        for rank, h, seen, moved, _ in sorted(everything):
             print(f"process {rank}: adapters {h} ({'trained' if moved else 'UNCHANGED'}), problems {seen}")
-        problems_seen = [p for _, _, s, _ in everything for p in s]
-        trained = all(m for *_, m in everything)
-        ok = len(hashes) == 1 and trained and len(problems_seen) == len(set(problems_seen))
+        problems_seen = [p for _, _, s, _, _ in everything for p in s]
+        trained = all(m for _, _, _, m, _ in everything)
+        same_history = all(sorted(listed) == sorted(problems_seen) for *_, listed in everything)
+        ok = len(hashes) == 1 and trained and len(problems_seen) == len(set(problems_seen)) and same_history
         print(
             f"{'OK' if ok else 'FAILED'}: {state.num_processes} process(es), "
             f"{'identical' if len(hashes) == 1 else 'DIFFERENT'} adapters after {len(history)} updates, "

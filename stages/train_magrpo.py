@@ -1,9 +1,19 @@
-"""Stage `train_magrpo`: MAGRPO with one LoRA adapter per agent on a shared frozen base; resumable."""
+"""Stage `train_magrpo`: MAGRPO with one LoRA adapter per agent on a shared frozen base; resumable.
+
+With ``train_magrpo.num_processes`` > 1 the script relaunches itself under ``accelerate launch`` (data parallel;
+docs/scaling.md) and exits with the launcher's code, so ``dvc repro`` stays the one command. Inside the launch
+every process loads the same params, problems and model and trains; the main process (rank 0) alone opens the
+MLflow run, logs, and writes the adapters, reports, the step CSV and the checkpoints (the trainer gathers every
+process's step record and samples, so they are the whole run's).
+"""
 
 import csv
 import hashlib
 import json
+import logging
+import os
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 
 import mlflow
@@ -17,6 +27,7 @@ from orchestry.rewards.coach import open_coach
 from orchestry.runtime import (
     load_policy,
     open_sandbox,
+    relaunch_under_accelerate,
     stage_inputs_key,
     start_stage,
     write_json,
@@ -24,7 +35,10 @@ from orchestry.runtime import (
 )
 from orchestry.schemes import SCHEMES
 from orchestry.tracking import log_metrics, repo_root, stage_run
+from orchestry.training.batching import process_group
 from orchestry.training.magrpo import MAGRPOTrainer, agent_names
+
+log = logging.getLogger("train_magrpo")
 
 # Checkpoints live outside DVC (like the API response caches), in the real repository (DVC_ROOT in `dvc exp run`),
 # one directory per run inputs: a queued experiment's workspace never lacks an out (so DVC does not re-run this
@@ -48,6 +62,11 @@ OPTION_PREFIXES = ("turns_run", "reward/", "credit/", "coach/", "advantage_abs/"
 def main() -> None:
     params = start_stage("train_magrpo")
     cfg = params.train_magrpo
+    if cfg.num_processes > 1 and "WORLD_SIZE" not in os.environ:  # not inside a launch yet
+        raise SystemExit(relaunch_under_accelerate(cfg.num_processes, __file__))
+    rank, world_size = process_group()  # (0, 1) in a lone process
+    if world_size != cfg.num_processes:  # e.g. `accelerate launch` by hand: the params do not say how it ran
+        log.warning("train_magrpo.num_processes is %d but %d processes run", cfg.num_processes, world_size)
     problems = read_problems("data/problems/train.jsonl")[: cfg.max_problems]
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
     # the trainer compares its own params (train_magrpo) itself; the intervals only shape the summary,
@@ -56,7 +75,9 @@ def main() -> None:
     run_key = json.dumps([resume_key, cfg.model_dump(mode="json")], sort_keys=True).encode()
     ckpt = repo_root() / CKPT_ROOT / hashlib.sha256(run_key).hexdigest()[:16]
     agents = agent_names(cfg)
-    with stage_run("train_magrpo", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
+    main_process = rank == 0
+    run = stage_run("train_magrpo", logged, params.mlflow.experiment, params.mlflow.tracking_uri)
+    with run if main_process else nullcontext():
         # the coach first: a misconfigured backend fails before the policy is loaded
         coach = open_coach(cfg.coach, params.model.path, params.model.dtype) if cfg.coach.enabled else None
         model, tok = load_policy(params)
@@ -87,8 +108,11 @@ def main() -> None:
                 resume_key=resume_key,
                 coach=coach,
             )
-            mlflow.log_param("train_magrpo.bf16_update_resolved", trainer.bf16)  # auto resolved: True = bf16
+            if main_process:  # auto resolved: True = bf16
+                mlflow.log_param("train_magrpo.bf16_update_resolved", trainer.bf16)
             history = trainer.train()
+        if not main_process:  # trained: the adapters are the main process's, and so are the outputs
+            return
         shutil.rmtree(ADAPTERS, ignore_errors=True)
         trainer.save_adapters(ADAPTERS)
         if trainer.warm_start:  # the pair after the warm start alone, for `orchestry evaluate --adapters`
@@ -136,8 +160,9 @@ def main() -> None:
                               load_in_4bit=params.model.load_in_4bit,
                               max_new_tokens=params.sampling.max_completion_length, step=final_step)  # fmt: skip
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}))
-    # done: the adapters are DVC outs now; the checkpoint (adapters + AdamW states) only served a resume
-    for folder in (ckpt, ckpt.with_name(ckpt.name + ".new"), ckpt.with_name(ckpt.name + ".old")):
+    # done: the adapters are DVC outs now; the checkpoint (adapters + AdamW states) and the warm-started pair
+    # (copied into the adapters above) only served a resume
+    for folder in (ckpt, *(ckpt.with_name(ckpt.name + s) for s in (".new", ".old", ".warm_start"))):
         shutil.rmtree(folder, ignore_errors=True)
 
 

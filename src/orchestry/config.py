@@ -279,6 +279,14 @@ class TrainMagrpoParams(_Section):
     )
     warm_start_lr: float = Field(3e-4, gt=0, le=1.0, description="warm start: AdamW learning rate")
     warm_start_batch: int = Field(8, ge=1, le=4096, description="warm start: examples per optimizer step")
+    num_processes: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="data-parallel training processes: > 1 makes the stage relaunch itself under `accelerate "
+        "launch` (one process per GPU, or gloo over CPU processes); each process takes problems_per_step problems "
+        "of a step, so one update covers num_processes x problems_per_step problems",
+    )
 
     _modules_unique = field_validator("target_modules")(_unique)
 

@@ -34,6 +34,59 @@ def start_stage(name: str, params_path: str = "params.yaml") -> Params:
     return params
 
 
+def accelerate_command(num_processes: int, script: str | Path, args: Iterable[str] = ()) -> list[str]:
+    """The ``accelerate launch`` command that runs ``script`` in ``num_processes`` data-parallel processes on this
+    machine, with this interpreter (``python -m accelerate.commands.launch``: no reliance on ``PATH``).
+
+    Every setting is on the command line, so no accelerate config file is read: accelerate's multi-process
+    launcher (``--multi_gpu``, i.e. ``torch.distributed.run``; ``configs/accelerate/cpu_2proc.yaml`` says the
+    same), which starts one process per GPU, or CPU processes that the trainer joins with gloo when no GPU is
+    visible (``--cpu --num_processes 2`` would start ONE process: accelerate's multi-CPU mode needs ``mpirun``).
+    The rendezvous port is a free one, so two launches on one machine (queued experiments) do not collide.
+    """
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+            "--num_processes", str(num_processes), "--num_machines", "1", "--machine_rank", "0",
+            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+            str(script), *args]  # fmt: skip
+
+
+def relaunch_under_accelerate(num_processes: int, script: str | Path) -> int:
+    """Run ``script`` (with this process's arguments) in ``num_processes`` processes under ``accelerate launch``
+    (:func:`accelerate_command`) and return the launcher's exit code (128 + N when a signal N ended it or was
+    passed on to it).
+
+    A stage calls it when asked for several processes and not already inside a launch (no ``WORLD_SIZE``), so
+    ``dvc repro`` stays the one command. SIGTERM and SIGINT received here are passed on to the launcher, which
+    passes them on to its processes (the main one ends its MLflow run KILLED, :func:`orchestry.tracking.stage_run`).
+    """
+    import signal
+    import subprocess
+
+    cmd = accelerate_command(num_processes, script, sys.argv[1:])
+    logging.getLogger(__name__).info("relaunching in %d processes: %s", num_processes, " ".join(cmd))
+    child = subprocess.Popen(cmd)
+    received: list[int] = []
+
+    def forward(signum, frame) -> None:
+        received.append(signum)
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if code and received:  # the launcher exits 1 when a signal stopped it: report the signal, as a stage does
+        return 128 + received[0]
+    return 128 - code if code < 0 else code
+
+
 def write_json(path: str | Path, obj) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,49 @@ def process_group() -> tuple[int, int]:
     return state.process_index, state.num_processes
 
 
+def barrier() -> None:
+    """Wait until every process of a data-parallel run gets here (nothing in a lone process)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
+
+
+#: step-record keys summed over the processes (counts); ``seconds*`` take the slowest process, ``problems`` are
+#: concatenated in rank order, ``turns_run`` is the most any process ran, every other number is the mean over the
+#: processes (rates and means over equally many samples per process: the mean over all of them)
+SUMMED = ("tokens/prompt", "tokens/completion", "resample_rollouts", "resampled_groups", "rows_updated/")
+
+
+def merge_records(records: list[dict]) -> dict:
+    """One step record of the whole data-parallel step from each process's record (rank order)."""
+    out = dict(records[0])
+    for key in {k for r in records for k in r}:
+        values = [r[key] for r in records if key in r]
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        if key == "problems":
+            out[key] = [p for v in values for p in v]
+        elif key == "step" or not numbers:
+            out[key] = values[0]
+        elif key.startswith(SUMMED):
+            out[key] = sum(values)
+        elif key.startswith("seconds") or key == "turns_run":
+            out[key] = max(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def gather_step(record: dict, samples: list[dict]) -> tuple[dict, list[dict]]:
+    """Every process's step record and samples, gathered on every process: the merged record
+    (:func:`merge_records`) and all samples in rank order (rank 0's problems first, as a lone process with all
+    of them would list them). A data-parallel run's history, samples and checkpoints are the whole run's."""
+    from accelerate.utils import gather_object
+
+    gathered = gather_object([(record, samples)])
+    return merge_records([r for r, _ in gathered]), [s for _, ss in gathered for s in ss]
+
+
 def chunk_inputs(ro: Rollout, rows: list[int], chunk: list[int]):
     """Sequences and mask of the rows ``chunk`` (indices into ``rows``), without the columns that are padding
     in every one of them; returns ``(seqs, mask, prompt_width)``."""

@@ -146,6 +146,7 @@ def save_checkpoint(tr: Trainer, next_step: int) -> None:
         "history": tr.history,
         "curriculum": tr.curriculum,
         "warm_start": tr.warm_start,
+        "world_size": tr.world_size,
     }
     files = {
         "state.pt": _write_synced(tmp / "state.pt", buf.getvalue()),
@@ -168,6 +169,8 @@ def why_unfit(tr: Trainer, info: dict) -> str | None:
             k for k in set(mine) | set(theirs) if mine.get(k, "<unset>") != theirs.get(k, "<unset>")
         )
         return f"made with other train_magrpo params ({', '.join(changed)})"
+    if int(info.get("world_size", 1)) != tr.world_size:  # the processes' problem slices would not match
+        return f"made by {info.get('world_size', 1)} process(es), not {tr.world_size}"
     if info.get("resume_key", "") != tr.resume_key:
         return "made with other code, data or params of the stage's other sections"
     if tr.cfg.curriculum != "none" and not info.get("curriculum"):

@@ -151,6 +151,7 @@ class MAGRPOTrainer:
         ``checkpoint_every`` steps and at the end.
         """
         start = self.load_checkpoint()
+        batching.barrier()  # every process has read the checkpoint before the main one may write or remove it
         if start:
             log.info("resuming MAGRPO from step %d (%s)", start, self.checkpoint_dir)
             for rec in self.history:
@@ -181,11 +182,12 @@ class MAGRPOTrainer:
             t2 = time.time()
             gen_s = sum(r.batch.seconds for r in episode)
             rec = self._step_record(step, episode, upd, gen_s=gen_s, upd_s=t2 - t1, total_s=t2 - t0)
+            # a later turn's records of samples that stopped early are not repeated
+            new = [{"step": step, **d} for ro in episode for d in ro.details if not d.get("carried")]
+            if self.world_size > 1:  # the whole step's record and samples, on every process
+                rec, new = batching.gather_step(rec, new)
             self.history.append(rec)
-            for ro in episode:  # a later turn's records of samples that stopped early are not repeated
-                for d in ro.details:
-                    if not d.get("carried"):
-                        self.samples.append({"step": step, **d})
+            self.samples.extend(new)
             if self.on_step and self.rank == 0:  # one log per run, from the main process
                 self.on_step(rec)
             if self.rank == 0:
@@ -196,12 +198,10 @@ class MAGRPOTrainer:
             if (step + 1) % self.cfg.checkpoint_every == 0 or step + 1 == self.cfg.num_steps:
                 if self.rank == 0:  # adapters are identical on every process; the main one writes them
                     self.save_checkpoint(step + 1)
-                if self.world_size > 1:
-                    from accelerate import PartialState
-
-                    PartialState().wait_for_everyone()
+                batching.barrier()
         if bar:
             bar.close()
+        batching.barrier()  # the main process may now write the outputs and remove the checkpoint
         return self.history
 
     # ------------------------------------------------------------------ rollout -> reward
