@@ -290,7 +290,8 @@ def test_a_three_trial_study_lands_in_dvc_and_mlflow_and_resumes(tmp_path):
         metric = data["metrics"]["reports/metrics.json"]["data"]["val"]["methods"]["magrpo"]["reward"]
         assert metric == pytest.approx(t.value)
         assert t.user_attrs["dvc_experiment"] == f"space-t{t.number}"
-    assert yaml.safe_load((repo / "params.yaml").read_text())["train_magrpo"]["learning_rate"] == 0.001
+    committed = yaml.safe_load((ROOT / "params.yaml").read_text())["train_magrpo"]["learning_rate"]
+    assert yaml.safe_load((repo / "params.yaml").read_text())["train_magrpo"]["learning_rate"] == committed
 
     # MLflow: each trial's parent and stage run carry the study and trial
     client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")

@@ -47,7 +47,7 @@ def warm_start_examples(problems: list[Problem], tokenizer) -> dict[str, list[tu
         except ValueError as e:
             raise ValueError(
                 f"train_magrpo.warm_start_epochs needs generated problems (prepare.source: compositional): "
-                f"{p.task_id}: {e}"
+                f"{p.task_id}: {e}; set train_magrpo.warm_start_epochs: 0 to train on other problems"
             ) from None
         out["helper"].append(
             (chat_prompt(tokenizer, p.helper_prompt(), HELPER_SYSTEM), f"```python\n{aux_code}```")
