@@ -83,9 +83,9 @@ def test_dvc_repro_micro_pipeline(tmp_path):
         assert "cost/wall_seconds" in r.data.metrics
         assert r.data.tags.get("git_revision") not in (None, "unknown")
     train = stages["train_magrpo"]
-    history = client.get_metric_history(train.info.run_id, "reward")
+    history = client.get_metric_history(train.info.run_id, "train/reward")
     assert sorted(m.step for m in history) == [0, 1]
-    assert "magrpo/pass_at_2" in stages["evaluate"].data.metrics
+    assert "test/magrpo/pass_at_2" in stages["evaluate"].data.metrics
     artifacts = {a.path for a in client.list_artifacts(train.info.run_id, "adapters")}
     assert artifacts == {"adapters/helper", "adapters/main"}
 
@@ -110,6 +110,6 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     table = executions(load_runs("orchestry", f"sqlite:///{repo / 'mlflow.db'}")).set_index("execution")
     first, dpi = table.loc["workspace"], table.loc["dpi61"]
     assert (dpi["stages"], dpi["cached"]) == (1, len(stages) - 1)
-    assert dpi["evaluate:magrpo/reward"] == stages["evaluate"].data.metrics["magrpo/reward"]
+    assert dpi["evaluate:test/magrpo/reward"] == stages["evaluate"].data.metrics["test/magrpo/reward"]
     for m in DEFAULT_METRICS:  # the same figures as the execution that ran every stage
         assert dpi[m] == first[m] or (dpi[m] != dpi[m] and first[m] != first[m]), m
