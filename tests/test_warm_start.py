@@ -119,3 +119,16 @@ def test_trainer_warm_starts_once_saves_the_pair_and_keeps_its_figures_on_resume
     resumed.train(progress=False)
     assert resumed.warm_start == first.warm_start
     assert (resumed.warm_start_dir / "main").stat().st_mtime_ns == saved
+
+
+def test_params_refuse_a_warm_start_on_problems_without_reference_decompositions():
+    from orchestry.config import ParamsError, parse_params
+
+    with pytest.raises(ParamsError) as e:
+        parse_params({"prepare": {"source": "humaneval"}, "train_magrpo": {"warm_start_epochs": 2}})
+    assert str(e.value).splitlines()[1] == (
+        "  train_magrpo.warm_start_epochs needs prepare.source: compositional (the generated problems' reference "
+        "decompositions; got 'humaneval'): set train_magrpo.warm_start_epochs: 0"
+    )
+    assert parse_params({"prepare": {"source": "humaneval"}}).train_magrpo.warm_start_epochs == 0
+    assert parse_params({"train_magrpo": {"warm_start_epochs": 2}}).train_magrpo.warm_start_epochs == 2

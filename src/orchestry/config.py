@@ -590,6 +590,15 @@ class Params(_Section):
     plot: PlotParams = PlotParams()
     mlflow: MlflowParams = MlflowParams()
 
+    @model_validator(mode="after")
+    def _across_sections(self) -> Params:
+        if self.train_magrpo.warm_start_epochs and self.prepare.source != "compositional":
+            raise ValueError(
+                "train_magrpo.warm_start_epochs needs prepare.source: compositional (the generated problems' "
+                f"reference decompositions; got {self.prepare.source!r}): set train_magrpo.warm_start_epochs: 0"
+            )
+        return self
+
 
 def _allowed_for(model: type[BaseModel], loc: tuple) -> list[str]:
     """Field names allowed at the parent of ``loc`` (for 'unknown key' messages)."""
@@ -613,6 +622,8 @@ def format_validation_error(err: ValidationError, source: str = "params.yaml") -
         if e["type"] == "extra_forbidden":
             allowed = _allowed_for(Params, e["loc"])
             lines.append(f"  {key}: unknown key (allowed: {', '.join(allowed)})")
+        elif not key:  # a check across sections: its message names the keys
+            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         else:
             got = e.get("input")
             lines.append(f"  {key}: {e['msg']} (got {got!r})")
