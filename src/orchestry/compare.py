@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestry.metric_names import VOCABULARY_TAG, legacy_name
+from orchestry.metric_names import PREFIXES, VOCABULARY_TAG, legacy_name
 from orchestry.tracking import CACHED_RUN_PREFIX, cached_run_tag, metric_name
 
 #: Evaluate's trained and base rewards on the test split (max 4.0), the trained pair's cooperation rate and
@@ -41,8 +41,6 @@ DEFAULT_METRICS = (
     "train_magrpo:train/summary/last_quarter_reward",
     "train_magrpo:train/summary/difference",
 )
-#: Prefixes of the current vocabulary: a ``stage:name`` without one is an old name (:func:`_split`).
-_CURRENT_PREFIXES = ("train/", "test/", "transfer/", "val/", "cost/", "schemes/", "prepare/", "system/")
 PARENT = "tags.mlflow.parentRunId"
 _TAGS = ("tags.stage", PARENT, "tags.dvc_experiment", "tags.git_revision", "tags.params_hash")
 _STATUS_ORDER = ("FAILED", "KILLED", "RUNNING", "SCHEDULED", "FINISHED")  # an execution shows its worst stage
@@ -84,7 +82,7 @@ def _split(spec: str) -> tuple[str | None, str]:
     stage (no prefix of the current vocabulary, e.g. ``evaluate:magrpo/reward``) becomes its current one."""
     stage, sep, name = spec.rpartition(":")
     name = metric_name(name)
-    if sep and not name.startswith(_CURRENT_PREFIXES):
+    if sep and not name.startswith(PREFIXES):
         name = legacy_name(stage, name)
     return (stage if sep else None), name
 

@@ -265,7 +265,8 @@ def documented(name: str, stage: str, vocabulary: list[tuple[str, set[str]]]) ->
 
 # ---------------------------------------------------------------------------------------------- legacy names
 
-_MODERN_PREFIXES = ("train/", "test/", "transfer/", "val/", "cost/", "schemes/", "prepare/", "system/")
+#: Prefixes of the current vocabulary: a name without one is an old name (:func:`legacy_name`).
+PREFIXES = ("train/", "test/", "transfer/", "val/", "cost/", "schemes/", "prepare/", "system/")
 
 
 def legacy_name(stage: str | None, name: str) -> str:
@@ -303,7 +304,7 @@ def legacy_name(stage: str | None, name: str) -> str:
             split, method, key = name.rsplit("/", 2)
             return next(iter(method_metrics(split, method, {key: 0})))
         method, sep, key = name.partition("/")
-        if sep and not name.startswith(_MODERN_PREFIXES):
+        if sep and not name.startswith(PREFIXES):
             return next(iter(method_metrics("test", method, {key: 0})))
         return name
     if stage == "detect_schemes":
