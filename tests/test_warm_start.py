@@ -14,7 +14,7 @@ from orchestry.llm.local import attach_adapters, completion_logprobs
 from orchestry.problems import load_problems, make_problem
 from orchestry.rewards.code import level_rewards
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
-from orchestry.training.warm_start import _batch, warm_start, warm_start_examples
+from orchestry.training.warm_start import _batch, _tokenize, warm_start, warm_start_examples
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def _target_logprob(model, tok, pairs, agent):
     model.set_adapter(agent)
     model.eval()
     with torch.no_grad():
-        ids, mask, P = _batch(tok, pairs)
+        ids, mask, P = _batch(tok, _tokenize(tok, pairs))
         _, tok_lp, tmask = completion_logprobs(model, ids, mask, P)
     return float(tok_lp.sum() / tmask.sum())
 

@@ -58,15 +58,25 @@ def warm_start_examples(problems: list[Problem], tokenizer) -> dict[str, list[tu
     return out
 
 
-def _batch(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(ids [B, P+T], mask, P)``: prompts left-padded to P, targets right-padded to T."""
-    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p, _ in pairs]
-    targets = [tokenizer(t, add_special_tokens=False)["input_ids"] for _, t in pairs]
-    P, T = max(map(len, prompts)), max(map(len, targets))
+def _tokenize(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    """Token ids of each ``(prompt, target)``, without special tokens (the chat prompt carries its own)."""
+    return [
+        (
+            tokenizer(p, add_special_tokens=False)["input_ids"],
+            tokenizer(t, add_special_tokens=False)["input_ids"],
+        )
+        for p, t in pairs
+    ]
+
+
+def _batch(tokenizer, tokens: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(ids [B, P+T], mask, P)`` of tokenized ``(prompt, target)`` pairs (:func:`_tokenize`): prompts left-padded
+    to P, targets right-padded to T."""
+    P, T = max(len(p) for p, _ in tokens), max(len(t) for _, t in tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.full((len(pairs), P + T), pad, dtype=torch.long)
-    mask = torch.zeros((len(pairs), P + T), dtype=torch.long)
-    for i, (p, t) in enumerate(zip(prompts, targets, strict=True)):
+    ids = torch.full((len(tokens), P + T), pad, dtype=torch.long)
+    mask = torch.zeros((len(tokens), P + T), dtype=torch.long)
+    for i, (p, t) in enumerate(tokens):
         ids[i, P - len(p) : P] = torch.tensor(p)
         ids[i, P : P + len(t)] = torch.tensor(t)
         mask[i, P - len(p) : P + len(t)] = 1
@@ -97,7 +107,7 @@ def warm_start(tr: Trainer, bf16: bool = False) -> dict:
         opt = torch.optim.AdamW(params, lr=cfg.warm_start_lr, weight_decay=cfg.weight_decay)
         tr.model.set_adapter(agent)
         rng = random.Random(cfg.seed)
-        pairs = examples[agent]
+        pairs = _tokenize(tr.tokenizer, examples[agent])  # once per agent, not per epoch
         for epoch in range(cfg.warm_start_epochs):
             order = list(range(len(pairs)))
             rng.shuffle(order)
