@@ -52,6 +52,27 @@ def test_problems_without_a_reference_decomposition_are_refused_by_task_id(embed
         reference_decomposition(bad.prompt, bad.aux_spec, "    return 1\n")
 
 
+def test_plain_prompts_add_the_same_targets_under_the_prompts_of_problems_without_a_decomposition(
+    embedded_tokenizer,
+):
+    problems = _generated(3)
+    spec = warm_start_examples(problems, embedded_tokenizer)
+    both = warm_start_examples(problems, embedded_tokenizer, plain_prompts=True)
+    for agent in AGENTS:
+        assert len(both[agent]) == 2 * len(spec[agent]) == 6
+        assert both[agent][0::2] == spec[agent]  # the spec-prompt pair first, unchanged
+        for (spec_prompt, spec_target), (plain_prompt, plain_target) in zip(
+            both[agent][0::2], both[agent][1::2], strict=True
+        ):
+            assert plain_target == spec_target and plain_prompt != spec_prompt
+            assert "def aux(" in spec_prompt and "def aux(" not in plain_prompt  # no aux_spec shown
+    helper_plain = both["helper"][1][0]
+    assert (
+        "Write a helper function named `aux`" in helper_plain and problems[0].prompt.strip() in helper_plain
+    )
+    assert "`aux(...)` written by a teammate is already defined" in both["main"][1][0]
+
+
 def test_params_reject_warm_start_outside_helper_main():
     with pytest.raises(ValueError, match="warm_start_epochs needs workflow helper_main"):
         TrainMagrpoParams(workflow="writer_tester_fixer", warm_start_epochs=1)
@@ -119,6 +140,24 @@ def test_trainer_warm_starts_once_saves_the_pair_and_keeps_its_figures_on_resume
     resumed.train(progress=False)
     assert resumed.warm_start == first.warm_start
     assert (resumed.warm_start_dir / "main").stat().st_mtime_ns == saved
+
+
+def test_warm_start_problems_trains_on_the_first_n_only(embedded_tokenizer, tiny_llama, tmp_path, one_thread):
+    tok = embedded_tokenizer
+    problems = _generated(4, (1, 2))
+    model = attach_adapters(tiny_llama(len(tok)), AGENTS, r=4, alpha=8, seed=0)
+    cfg = TrainMagrpoParams(warm_start_epochs=1, warm_start_batch=1, warm_start_problems=3, warm_start_lr=5e-2,
+                            warm_start_plain_prompts=True)  # fmt: skip
+    trainer = MAGRPOTrainer(model, tok, problems, None, cfg, SamplingParams(), tmp_path / "ck")
+    unseen = warm_start_examples(problems[3:], tok)["main"]
+    seen = warm_start_examples(problems[:1], tok)["main"]
+    before = {k: _target_logprob(model, tok, v, "main") for k, v in (("seen", seen), ("unseen", unseen))}
+    stats = warm_start(trainer)
+    assert stats["examples"] == 6 and stats["steps"] == 2 * 6  # 3 problems x 2 prompt forms, per agent
+    gain = {
+        k: _target_logprob(model, tok, v, "main") - before[k] for k, v in (("seen", seen), ("unseen", unseen))
+    }
+    assert gain["seen"] > 0.05, gain
 
 
 def test_params_refuse_a_warm_start_on_problems_without_reference_decompositions():

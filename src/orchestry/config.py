@@ -279,6 +279,18 @@ class TrainMagrpoParams(_Section):
     )
     warm_start_lr: float = Field(3e-4, gt=0, le=1.0, description="warm start: AdamW learning rate")
     warm_start_batch: int = Field(8, ge=1, le=4096, description="warm start: examples per optimizer step")
+    warm_start_plain_prompts: bool = Field(
+        False,
+        description="warm start: also train each target under the prompts of problems that name no "
+        "decomposition (HumanEval, MBPP, --problems files), so the pair writes aux there too",
+    )
+    warm_start_problems: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="warm start: train on the first N train problems only (file order); MAGRPO still trains on "
+        "all of them, so the rest are problems the warm-started pair has not seen. 0: all",
+    )
     num_processes: int = Field(
         1,
         ge=1,

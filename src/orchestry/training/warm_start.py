@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import replace
 
 import torch
 
@@ -33,8 +34,16 @@ from orchestry.training.common import Trainer
 log = logging.getLogger(__name__)
 
 
-def warm_start_examples(problems: list[Problem], tokenizer) -> dict[str, list[tuple[str, str]]]:
+def warm_start_examples(
+    problems: list[Problem], tokenizer, plain_prompts: bool = False
+) -> dict[str, list[tuple[str, str]]]:
     """``{"helper": [(chat prompt, target)], "main": [...]}``, one pair per problem, in problem order.
+
+    With ``plain_prompts`` each problem gives a second pair, after the first: the same targets under the prompts
+    the agents see on a problem that names no decomposition (``aux_spec`` empty: HumanEval, MBPP, any
+    ``--problems`` file), where the helper is asked for "a helper named aux that would be useful" and the main
+    is told only that ``aux(...)`` exists. Without it the pair learns the split only in the spec-prompt format
+    and, on other problems, the helper copies the entry point's signature instead of writing ``aux``.
 
     Raises:
         ValueError: a problem has no reference decomposition (not generated: ``prepare.source: compositional``
@@ -55,6 +64,14 @@ def warm_start_examples(problems: list[Problem], tokenizer) -> dict[str, list[tu
         out["main"].append(
             (chat_prompt(tokenizer, p.main_prompt(), MAIN_SYSTEM), f"```python\n{main_code}```")
         )
+        if plain_prompts:
+            plain = replace(p, aux_spec="")
+            out["helper"].append(
+                (chat_prompt(tokenizer, plain.helper_prompt(), HELPER_SYSTEM), f"```python\n{aux_code}```")
+            )
+            out["main"].append(
+                (chat_prompt(tokenizer, plain.main_prompt(), MAIN_SYSTEM), f"```python\n{main_code}```")
+            )
     return out
 
 
@@ -84,7 +101,8 @@ def _batch(tokenizer, tokens: list[tuple[list[int], list[int]]]) -> tuple[torch.
 
 
 def warm_start(tr: Trainer, bf16: bool = False) -> dict:
-    """Train each agent's adapter on its reference parts of ``tr.problems`` (module docstring).
+    """Train each agent's adapter on its reference parts of ``tr.problems`` (module docstring): all of them, or
+    the first ``cfg.warm_start_problems``.
 
     ``cfg.warm_start_epochs`` epochs, batches of ``cfg.warm_start_batch`` examples in a seeded order per epoch
     (``cfg.seed``), one clipped (``max_grad_norm``) AdamW step per batch. Every process of a data-parallel run
@@ -99,8 +117,9 @@ def warm_start(tr: Trainer, bf16: bool = False) -> dict:
     """
     cfg = tr.cfg
     t0 = time.time()
-    examples = warm_start_examples(list(tr.problems), tr.tokenizer)
-    out: dict = {"examples": len(tr.problems), "steps": 0}
+    problems = list(tr.problems)[: cfg.warm_start_problems or None]
+    examples = warm_start_examples(problems, tr.tokenizer, cfg.warm_start_plain_prompts)
+    out: dict = {"examples": len(examples["main"]), "steps": 0}
     tr.model.train()
     for agent in tr.agents:
         params = adapter_parameters(tr.model, agent)
