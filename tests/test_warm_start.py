@@ -73,11 +73,38 @@ def test_plain_prompts_add_the_same_targets_under_the_prompts_of_problems_withou
     assert "`aux(...)` written by a teammate is already defined" in both["main"][1][0]
 
 
+def test_auto_warm_starts_generated_problems_only():
+    from orchestry.config import parse_params
+    from orchestry.training.warm_start import AUTO_WARM_START_EPOCHS, resolved_epochs
+
+    generated, humaneval = _generated(3), load_problems("humaneval")[:2]
+    auto = TrainMagrpoParams(warm_start_epochs="auto")
+    assert resolved_epochs(auto, generated) == AUTO_WARM_START_EPOCHS == 4
+    assert resolved_epochs(auto, humaneval) == 0
+    assert resolved_epochs(auto, generated + humaneval) == 0  # every problem needs its decomposition
+    assert resolved_epochs(auto, []) == 0
+    assert (
+        resolved_epochs(
+            TrainMagrpoParams(warm_start_epochs="auto", workflow="writer_tester_fixer"), generated
+        )
+        == 0
+    )
+    assert resolved_epochs(TrainMagrpoParams(warm_start_epochs=2), generated) == 2
+    assert resolved_epochs(TrainMagrpoParams(warm_start_epochs=0), generated) == 0
+    # auto never refuses a source: HumanEval training simply runs without a warm start
+    assert parse_params({"prepare": {"source": "humaneval"}, "train_magrpo": {"warm_start_epochs": "auto"}})
+    assert TrainMagrpoParams(warm_start_epochs=" AUTO ").warm_start_epochs == "auto"
+    for bad in (True, -1, 101, "four", 2.5):
+        with pytest.raises(ValueError, match="auto or a whole number"):
+            TrainMagrpoParams(warm_start_epochs=bad)
+
+
 def test_params_reject_warm_start_outside_helper_main():
     with pytest.raises(ValueError, match="warm_start_epochs needs workflow helper_main"):
         TrainMagrpoParams(workflow="writer_tester_fixer", warm_start_epochs=1)
     with pytest.raises(ValueError):
         TrainMagrpoParams(warm_start_epochs=-1)
+    assert TrainMagrpoParams(workflow="writer_tester_fixer", warm_start_epochs="auto")  # auto: 0 there
 
 
 def _target_logprob(model, tok, pairs, agent):

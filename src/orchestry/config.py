@@ -269,13 +269,13 @@ class TrainMagrpoParams(_Section):
         description="order of the training problems: none (seeded shuffle) | base_reward (the base policy's "
         "mean group reward, from one rollout at the start, easiest first)",
     )
-    warm_start_epochs: int = Field(
+    warm_start_epochs: Literal["auto"] | int = Field(
         0,
-        ge=0,
-        le=100,
         description="supervised warm start before the first MAGRPO step: epochs of next-token training of each "
         "agent on the train problems' reference decompositions (generated problems: the helper writes the "
-        "first step as aux, the main calls aux and does the rest; orchestry.training.warm_start). 0: off",
+        "first step as aux, the main calls aux and does the rest; orchestry.training.warm_start). 0: off; "
+        "auto: AUTO_WARM_START_EPOCHS when every train problem has a reference decomposition "
+        "(prepare.source: compositional, workflow helper_main), 0 otherwise",
     )
     warm_start_lr: float = Field(3e-4, gt=0, le=1.0, description="warm start: AdamW learning rate")
     warm_start_batch: int = Field(8, ge=1, le=4096, description="warm start: examples per optimizer step")
@@ -302,6 +302,16 @@ class TrainMagrpoParams(_Section):
 
     _modules_unique = field_validator("target_modules")(_unique)
 
+    @field_validator("warm_start_epochs", mode="before")
+    @classmethod
+    def _warm_start_epochs(cls, v: Any) -> str | int:
+        """auto or a whole number 0..100 (not a YAML boolean)."""
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 100:
+            return v
+        raise ValueError("must be auto or a whole number from 0 to 100")
+
     @field_validator("bf16_update", mode="before")
     @classmethod
     def _bf16_setting(cls, v: Any) -> str | bool:
@@ -326,7 +336,7 @@ class TrainMagrpoParams(_Section):
                 raise ValueError("credit counterfactual is defined for workflow helper_main only")
             if self.dynamic_sampling != "none" or self.curriculum != "none":
                 raise ValueError("workflow writer_tester_fixer runs without dynamic_sampling and curriculum")
-            if self.warm_start_epochs:
+            if self.warm_start_epochs not in (0, "auto"):
                 raise ValueError("warm_start_epochs needs workflow helper_main (reference decompositions)")
         if self.advantage == "reinforce_pp" and self.dynamic_sampling != "none":
             raise ValueError("dynamic_sampling works on groups; advantage reinforce_pp has none")
@@ -604,7 +614,7 @@ class Params(_Section):
 
     @model_validator(mode="after")
     def _across_sections(self) -> Params:
-        if self.train_magrpo.warm_start_epochs and self.prepare.source != "compositional":
+        if self.train_magrpo.warm_start_epochs not in (0, "auto") and self.prepare.source != "compositional":
             raise ValueError(
                 "train_magrpo.warm_start_epochs needs prepare.source: compositional (the generated problems' "
                 f"reference decompositions; got {self.prepare.source!r}): set train_magrpo.warm_start_epochs: 0"

@@ -64,6 +64,7 @@ from orchestry.training.common import (
 )
 from orchestry.training.rollouts import rollout
 from orchestry.training.turns import next_turn
+from orchestry.training.warm_start import resolved_epochs
 from orchestry.training.warm_start import warm_start as run_warm_start
 from orchestry.training.workflows import workflow_episode, workflow_rollout
 
@@ -160,7 +161,9 @@ class MAGRPOTrainer:
                 if self.rank == 0:
                     step_log.log_samples_table(self.samples, rec["step"])
         else:
-            if self.cfg.warm_start_epochs:  # supervised warm start (training.warm_start), then MAGRPO
+            if resolved_epochs(
+                self.cfg, list(self.problems)
+            ):  # supervised warm start (training.warm_start), then MAGRPO
                 self.warm_start = run_warm_start(self, self.bf16)
                 log.info("warm start: %s", self.warm_start)
                 if self.rank == 0:

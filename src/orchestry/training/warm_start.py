@@ -33,6 +33,28 @@ from orchestry.training.common import Trainer
 
 log = logging.getLogger(__name__)
 
+# warm_start_epochs: auto on generated problems (reports/experiments/warm_start: 4 epochs at lr 5e-4)
+AUTO_WARM_START_EPOCHS = 4
+
+
+def has_reference_decomposition(p: Problem) -> bool:
+    """Whether ``p`` is a generated problem whose reference solution splits into ``aux`` + main."""
+    try:
+        reference_decomposition(p.prompt, p.aux_spec, p.canonical_solution)
+    except ValueError:
+        return False
+    return True
+
+
+def resolved_epochs(cfg, problems: list[Problem]) -> int:
+    """The warm start's epochs: ``cfg.warm_start_epochs``, with ``auto`` resolved to
+    :data:`AUTO_WARM_START_EPOCHS` when the workflow is helper_main and every problem has a reference
+    decomposition (:func:`has_reference_decomposition`), else 0 (HumanEval, MBPP, any other problem file)."""
+    if cfg.warm_start_epochs != "auto":
+        return int(cfg.warm_start_epochs)
+    ok = cfg.workflow == "helper_main" and problems and all(has_reference_decomposition(p) for p in problems)
+    return AUTO_WARM_START_EPOCHS if ok else 0
+
 
 def warm_start_examples(
     problems: list[Problem], tokenizer, plain_prompts: bool = False
@@ -104,12 +126,12 @@ def warm_start(tr: Trainer, bf16: bool = False) -> dict:
     """Train each agent's adapter on its reference parts of ``tr.problems`` (module docstring): all of them, or
     the first ``cfg.warm_start_problems``.
 
-    ``cfg.warm_start_epochs`` epochs, batches of ``cfg.warm_start_batch`` examples in a seeded order per epoch
+    :func:`resolved_epochs` epochs, batches of ``cfg.warm_start_batch`` examples in a seeded order per epoch
     (``cfg.seed``), one clipped (``max_grad_norm``) AdamW step per batch. Every process of a data-parallel run
     trains the same examples in the same order, so their adapters stay equal.
 
     Returns:
-        ``{"seconds", "examples", "steps", "loss/<agent>/first", "loss/<agent>/last"}``: the mean token loss
+        ``{"epochs", "seconds", "examples", "steps", "loss/<agent>/first", "loss/<agent>/last"}``: the mean token loss
         (nats) of each agent's first and last epoch.
 
     Raises:
@@ -117,9 +139,10 @@ def warm_start(tr: Trainer, bf16: bool = False) -> dict:
     """
     cfg = tr.cfg
     t0 = time.time()
+    epochs = resolved_epochs(cfg, list(tr.problems))
     problems = list(tr.problems)[: cfg.warm_start_problems or None]
     examples = warm_start_examples(problems, tr.tokenizer, cfg.warm_start_plain_prompts)
-    out: dict = {"examples": len(examples["main"]), "steps": 0}
+    out: dict = {"epochs": epochs, "examples": len(examples["main"]), "steps": 0}
     tr.model.train()
     for agent in tr.agents:
         params = adapter_parameters(tr.model, agent)
@@ -127,7 +150,7 @@ def warm_start(tr: Trainer, bf16: bool = False) -> dict:
         tr.model.set_adapter(agent)
         rng = random.Random(cfg.seed)
         pairs = _tokenize(tr.tokenizer, examples[agent])  # once per agent, not per epoch
-        for epoch in range(cfg.warm_start_epochs):
+        for epoch in range(epochs):
             order = list(range(len(pairs)))
             rng.shuffle(order)
             total, tokens = 0.0, 0
@@ -147,7 +170,7 @@ def warm_start(tr: Trainer, bf16: bool = False) -> dict:
             if epoch == 0:
                 out[f"loss/{agent}/first"] = mean
             out[f"loss/{agent}/last"] = mean
-            log.info("warm start %s epoch %d/%d: loss %.3f", agent, epoch + 1, cfg.warm_start_epochs, mean)
+            log.info("warm start %s epoch %d/%d: loss %.3f", agent, epoch + 1, epochs, mean)
         opt.zero_grad(set_to_none=True)
     out["seconds"] = time.time() - t0
     return out
