@@ -3,6 +3,7 @@
 
 import csv
 import json
+import re
 import time
 from pathlib import Path
 
@@ -13,20 +14,68 @@ from orchestry.compare import DEFAULT_METRICS, executions, load_runs
 from orchestry.metric_names import (
     VOCABULARY_TAG,
     api_grpo_summary_name,
-    documented,
     legacy_name,
     magrpo_step_metrics,
     magrpo_summary_metrics,
     method_metrics,
     orchestrator_summary_name,
     prepare_metrics,
-    read_vocabulary,
     renamed,
     scheme_metrics,
-    vocabulary_pattern,
 )
 from orchestry.metrics import flat_numbers, summarize
 from orchestry.tracking import execution_metrics, log_metrics, stage_run
+
+
+# ---- reading docs/metrics.md (test-only: the stages build names, this checks them against the table) ----
+def vocabulary_pattern(name: str) -> re.Pattern:
+    """The regular expression of a documented name: ``<key>`` = one or more segments, any other ``<...>`` one
+    segment, ``{a,b}`` one of the listed words."""
+    out = ""
+    for part in re.split(r"(<[^>]+>|\{[^}]+\})", name):
+        if part == "<key>":
+            out += r"[^/]+(?:/[^/]+)*"
+        elif part.startswith("<"):
+            out += r"[^/]+"
+        elif part.startswith("{"):
+            out += "(?:" + "|".join(re.escape(w) for w in part[1:-1].split(",")) + ")"
+        else:
+            out += re.escape(part)
+    return re.compile(out + "$")
+
+
+def read_vocabulary(markdown: str) -> list[tuple[str, set[str]]]:
+    """The names of the vocabulary table of ``docs/metrics.md``: the rows (first cell a code span) of its section
+    ``## The names``, as ``(name, stages)`` (the stage column's stage names)."""
+    names = []
+    section = ""
+    for line in markdown.splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip()
+        if section != "The names":
+            continue
+        m = re.match(r"\|\s*`([^`]+)`\s*\|", line)
+        if m:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            stages = {s.split(" (")[0].strip() for s in cells[3].split(",")}
+            names.append((m.group(1), stages))
+    return names
+
+
+def documented(name: str, stage: str, vocabulary: list[tuple[str, set[str]]]) -> bool:
+    """``name`` is one of ``vocabulary``'s (:func:`read_vocabulary`) documented for ``stage`` (``baselines@<m>``
+    counts as ``baselines``; ``every stage`` matches all)."""
+    stage = stage.split("@")[0]
+    return any(
+        (stage in stages or "every stage" in stages) and vocabulary_pattern(v).match(name)
+        for v, stages in vocabulary
+    )
+
+
+# ---------------------------------------------------------------------------------------------- legacy names
+
+#: Prefixes of the current vocabulary: a name without one is an old name (:func:`legacy_name`).
+
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "reports"

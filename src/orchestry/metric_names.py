@@ -10,8 +10,8 @@
 * ``prepare/<name>``: the data preparation's counts.
 
 These functions map the stages' records and report dicts (whose keys other code reads and which stay as they are)
-to those names. :data:`VOCABULARY` is the table of ``docs/metrics.md`` as patterns (a test checks they agree and
-that every stage logs only names in it). :func:`legacy_name` maps the names stages logged before
+to those names; ``tests/test_metric_names.py`` reads the table of ``docs/metrics.md`` and checks that every stage
+logs only names in it. :func:`legacy_name` maps the names stages logged before
 (runs without the tag :data:`VOCABULARY_TAG`) to the new ones, so ``orchestry compare`` reads old runs.
 """
 
@@ -219,53 +219,6 @@ def renamed(flat: Mapping[str, object], rename) -> dict[str, object]:
 # ------------------------------------------------------------------------------------------------ vocabulary
 
 
-def vocabulary_pattern(name: str) -> re.Pattern:
-    """The regular expression of a documented name: ``<key>`` = one or more segments, any other ``<...>`` one
-    segment, ``{a,b}`` one of the listed words."""
-    out = ""
-    for part in re.split(r"(<[^>]+>|\{[^}]+\})", name):
-        if part == "<key>":
-            out += r"[^/]+(?:/[^/]+)*"
-        elif part.startswith("<"):
-            out += r"[^/]+"
-        elif part.startswith("{"):
-            out += "(?:" + "|".join(re.escape(w) for w in part[1:-1].split(",")) + ")"
-        else:
-            out += re.escape(part)
-    return re.compile(out + "$")
-
-
-def read_vocabulary(markdown: str) -> list[tuple[str, set[str]]]:
-    """The names of the vocabulary table of ``docs/metrics.md``: the rows (first cell a code span) of its section
-    ``## The names``, as ``(name, stages)`` (the stage column's stage names)."""
-    names = []
-    section = ""
-    for line in markdown.splitlines():
-        if line.startswith("## "):
-            section = line[3:].strip()
-        if section != "The names":
-            continue
-        m = re.match(r"\|\s*`([^`]+)`\s*\|", line)
-        if m:
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            stages = {s.split(" (")[0].strip() for s in cells[3].split(",")}
-            names.append((m.group(1), stages))
-    return names
-
-
-def documented(name: str, stage: str, vocabulary: list[tuple[str, set[str]]]) -> bool:
-    """``name`` is one of ``vocabulary``'s (:func:`read_vocabulary`) documented for ``stage`` (``baselines@<m>``
-    counts as ``baselines``; ``every stage`` matches all)."""
-    stage = stage.split("@")[0]
-    return any(
-        (stage in stages or "every stage" in stages) and vocabulary_pattern(v).match(name)
-        for v, stages in vocabulary
-    )
-
-
-# ---------------------------------------------------------------------------------------------- legacy names
-
-#: Prefixes of the current vocabulary: a name without one is an old name (:func:`legacy_name`).
 PREFIXES = ("train/", "test/", "transfer/", "val/", "cost/", "schemes/", "prepare/", "system/")
 
 
