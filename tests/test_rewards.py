@@ -238,6 +238,9 @@ def test_main_does_not_call_aux(sandbox) -> None:
         "def maybe_none(x):\n    return aux(x)\n",
         "def maybe_none(x):\n    y = aux(x)\n    return y\n",
         'def maybe_none(x):\n    """Delegate."""\n    result = aux(x)\n    return result\n',
+        # copies compute nothing: the warm-started MAGRPO learned `r = r` for the not-a-wrapper bonus
+        "def maybe_none(x):\n    r = aux(x)\n    r = r\n    return r\n",
+        "def maybe_none(x):\n    y = x\n    r: int = aux(y)\n    s = r\n    return s\n",
     ],
 )
 def test_wrapper_shapes_get_only_the_call_bonus(sandbox, main: str) -> None:
@@ -245,6 +248,28 @@ def test_wrapper_shapes_get_only_the_call_bonus(sandbox, main: str) -> None:
     r = tiny(sandbox, main, helper=helper, problem=NONE_OK)
     assert r.passed == 2 and r.cooperation == 0.5 and r.scheme == "wrapper"
     assert has_reason(r, "wrapper")
+
+
+@pytest.mark.parametrize(
+    ("body", "wrapper"),
+    [
+        ("r = aux(x)\n    r = r\n    return r", True),
+        ("r = aux(x)\n    s = r\n    t = s\n    return t", True),
+        ("r = aux(x)\n    r = [v * 2 for v in r]\n    return r", False),  # main's own step
+        ("r = aux(x)\n    r = x\n    return r", False),  # the copy overwrote aux's value
+        ("r = aux(x)\n    s = r\n    return r + s", False),
+        ("r = aux(x)\n    k = 2\n    return r", False),
+        ("r = aux(x)\n    return", False),
+        ("r = aux(x + 1)\n    return r", False),  # the argument is computed by main
+    ],
+)
+def test_wrapper_follows_copies_not_computation(body: str, wrapper: bool) -> None:
+    import ast
+
+    from orchestry.code_ast import is_wrapper_body
+
+    fn = ast.parse(f"def f(x):\n    {body}\n").body[0]
+    assert is_wrapper_body(fn) is wrapper
 
 
 def test_empty_body_gets_no_cooperation(sandbox) -> None:

@@ -188,32 +188,40 @@ def _is_plain_aux_call(expr: ast.AST | None, aux_name: str) -> bool:
 def is_wrapper_body(fn: ast.FunctionDef | ast.AsyncFunctionDef, aux_name: str = "aux") -> bool:
     """True when ``fn`` only returns aux's value, or has an empty body (CoMLRL's ``is_wrapper_function``).
 
-    Wrapper shapes (docstring, ``pass`` and ``...`` ignored): ``[]``; ``return aux(args)``;
-    ``v = aux(args); return v`` (also annotated). ``args`` must be plain (see :func:`_is_plain`).
-    Whether ``aux`` there is the helper (not shadowed) is the caller's concern.
+    Wrapper shapes (docstring, ``pass`` and ``...`` ignored): ``[]``; ``return aux(args)``; ``v = aux(args); return
+    v`` (also annotated), with any number of copies between them: statements ``a = b`` that only rename a value
+    (``r = aux(xs); r = r; return r``, ``y = xs; r = aux(y); s = r; return s``). A copy computes nothing, so it
+    must not turn a wrapper into cooperation: MAGRPO after the warm start learned ``r = r`` for the extra bonus
+    (reports/experiments/warm_start_v2). ``args`` must be plain (see :func:`_is_plain`). Whether ``aux`` there is
+    the helper (not shadowed) is the caller's concern.
     """
     body = _docstring_free_body(fn)
     if not body:
         return True
-    if len(body) == 1:
-        stmt = body[0]
-        return isinstance(stmt, ast.Return) and _is_plain_aux_call(stmt.value, aux_name)
-    if len(body) == 2:
-        first, second = body
-        if isinstance(first, ast.Assign) and len(first.targets) == 1:
-            target, value = first.targets[0], first.value
-        elif isinstance(first, ast.AnnAssign) and first.value is not None:
-            target, value = first.target, first.value
+    holders: set[str] = set()  # names that hold aux's value at this point
+    for stmt in body[:-1]:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target, value = stmt.targets[0], stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+            target, value = stmt.target, stmt.value
         else:
             return False
-        return (
-            isinstance(target, ast.Name)
-            and _is_plain_aux_call(value, aux_name)
-            and isinstance(second, ast.Return)
-            and isinstance(second.value, ast.Name)
-            and second.value.id == target.id
-        )
-    return False
+        if not isinstance(target, ast.Name):
+            return False
+        if _is_plain_aux_call(value, aux_name):
+            holders.add(target.id)
+        elif (
+            isinstance(value, ast.Name) and value.id != aux_name
+        ):  # a copy: the target holds what the source does
+            (holders.add if value.id in holders else holders.discard)(target.id)
+        else:
+            return False
+    last = body[-1]
+    if not isinstance(last, ast.Return) or last.value is None:
+        return False
+    return _is_plain_aux_call(last.value, aux_name) or (
+        isinstance(last.value, ast.Name) and last.value.id in holders
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
