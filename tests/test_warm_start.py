@@ -79,7 +79,7 @@ def test_auto_warm_starts_generated_problems_only():
 
     generated, humaneval = _generated(3), load_problems("humaneval")[:2]
     auto = TrainMagrpoParams(warm_start_epochs="auto")
-    assert resolved_epochs(auto, generated) == AUTO_WARM_START_EPOCHS == 4
+    assert resolved_epochs(auto, generated) == AUTO_WARM_START_EPOCHS == 2
     assert resolved_epochs(auto, humaneval) == 0
     assert resolved_epochs(auto, generated + humaneval) == 0  # every problem needs its decomposition
     assert resolved_epochs(auto, []) == 0

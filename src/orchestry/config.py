@@ -188,7 +188,7 @@ class TrainMagrpoParams(_Section):
     num_steps: int = Field(24, ge=1, le=BIG, description="policy updates")
     problems_per_step: int = Field(2, ge=1, le=4096, description="problems whose groups form one update")
     num_generations: int = Field(4, ge=2, le=1024, description="G: completions per agent per problem")
-    learning_rate: float = Field(1e-3, gt=0, le=1, description="AdamW learning rate of each LoRA adapter")
+    learning_rate: float = Field(3e-4, gt=0, le=1, description="AdamW learning rate of each LoRA adapter")
     weight_decay: float = Field(0.0, ge=0, le=1)
     max_grad_norm: float = Field(
         1.0, gt=0, le=1e12, description="gradient-norm clip per adapter (huge: none)"
@@ -270,17 +270,17 @@ class TrainMagrpoParams(_Section):
         "mean group reward, from one rollout at the start, easiest first)",
     )
     warm_start_epochs: Literal["auto"] | int = Field(
-        0,
+        "auto",
         description="supervised warm start before the first MAGRPO step: epochs of next-token training of each "
         "agent on the train problems' reference decompositions (generated problems: the helper writes the "
         "first step as aux, the main calls aux and does the rest; orchestry.training.warm_start). 0: off; "
         "auto: AUTO_WARM_START_EPOCHS when every train problem has a reference decomposition "
         "(prepare.source: compositional, workflow helper_main), 0 otherwise",
     )
-    warm_start_lr: float = Field(3e-4, gt=0, le=1.0, description="warm start: AdamW learning rate")
+    warm_start_lr: float = Field(5e-4, gt=0, le=1.0, description="warm start: AdamW learning rate")
     warm_start_batch: int = Field(8, ge=1, le=4096, description="warm start: examples per optimizer step")
     warm_start_plain_prompts: bool = Field(
-        False,
+        True,
         description="warm start: also train each target under the prompts of problems that name no "
         "decomposition (HumanEval, MBPP, --problems files), so the pair writes aux there too",
     )

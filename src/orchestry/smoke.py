@@ -41,7 +41,7 @@ MICRO: dict[str, dict[str, Any]] = {
     "sampling": {"max_completion_length": 24},
     "baselines": {"max_problems": 2, "num_samples": 1},
     "train_magrpo": {"num_steps": 2, "problems_per_step": 1, "num_generations": 2, "max_problems": 2,
-                     "checkpoint_every": 1},
+                     "checkpoint_every": 1, "warm_start_epochs": 1},
     "evaluate": {"max_problems": 2, "num_samples": 2, "max_problems_transfer": 1},
     "train_orchestrator": {"num_episodes": 2, "episodes_per_update": 2, "max_problems": 1, "max_problems_eval": 1,
                            "max_tokens": 24, "min_steps": 1, "max_steps": 2},

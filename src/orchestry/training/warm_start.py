@@ -33,8 +33,9 @@ from orchestry.training.common import Trainer
 
 log = logging.getLogger(__name__)
 
-# warm_start_epochs: auto on generated problems (reports/experiments/warm_start: 4 epochs at lr 5e-4)
-AUTO_WARM_START_EPOCHS = 4
+# warm_start_epochs: auto on generated problems: 2 epochs of both prompt forms at lr 5e-4 (the compute of
+# reports/experiments/warm_start's 4 epochs of one form; docs/algorithms.md section 3a)
+AUTO_WARM_START_EPOCHS = 2
 
 
 def has_reference_decomposition(p: Problem) -> bool:
