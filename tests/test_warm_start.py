@@ -122,7 +122,9 @@ def test_warm_start_lowers_each_agents_loss_on_its_own_targets_only(
     tok = embedded_tokenizer
     problems = _generated(6, (1, 2))
     model = attach_adapters(tiny_llama(len(tok)), AGENTS, r=4, alpha=8, seed=0)
-    cfg = TrainMagrpoParams(warm_start_epochs=6, warm_start_lr=5e-2, warm_start_batch=3)
+    cfg = TrainMagrpoParams(
+        warm_start_epochs=6, warm_start_lr=5e-2, warm_start_batch=3, warm_start_plain_prompts=False
+    )
     trainer = MAGRPOTrainer(model, tok, problems, None, cfg, SamplingParams(), tmp_path / "ck")
     examples = warm_start_examples(problems, tok)
     assert [t.count("aux(") for _, t in examples["main"]] == [1] * 6  # the main's targets call aux once
