@@ -157,7 +157,7 @@ def test_trainer_warm_starts_once_saves_the_pair_and_keeps_its_figures_on_resume
     def trainer(num_steps):
         model = attach_adapters(tiny_llama(len(tok)), AGENTS, r=4, alpha=8, seed=0)
         cfg = TrainMagrpoParams(num_steps=num_steps, problems_per_step=1, num_generations=2, warm_start_epochs=1,
-                                warm_start_batch=4, checkpoint_every=1)  # fmt: skip
+                                warm_start_batch=4, checkpoint_every=1, warm_start_plain_prompts=False)  # fmt: skip
         return MAGRPOTrainer(model, tok, problems, None, cfg, sampling, tmp_path / "ck", reward_fn=reward)
 
     first = trainer(1)
@@ -198,5 +198,7 @@ def test_params_refuse_a_warm_start_on_problems_without_reference_decompositions
         "  train_magrpo.warm_start_epochs needs prepare.source: compositional (the generated problems' reference "
         "decompositions; got 'humaneval'): set train_magrpo.warm_start_epochs: 0"
     )
-    assert parse_params({"prepare": {"source": "humaneval"}}).train_magrpo.warm_start_epochs == 0
+    assert (
+        parse_params({"prepare": {"source": "humaneval"}}).train_magrpo.warm_start_epochs == "auto"
+    )  # 0 there
     assert parse_params({"train_magrpo": {"warm_start_epochs": 2}}).train_magrpo.warm_start_epochs == 2
