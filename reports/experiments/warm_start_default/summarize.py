@@ -1,0 +1,78 @@
+"""Tables of the default-settings experiment (warm start + MAGRPO): python summarize.py DIR [DIR ...] (one DIR per seed).
+
+The best baseline (highest test pass@1 in baselines/*.json next to this script) is compared with each seed's
+trained pair too.
+
+Each DIR holds the evaluate stage's samples (base.jsonl: adapters off; magrpo.jsonl: warm start + MAGRPO), the
+warm-started pair alone (warm_start/magrpo.jsonl, same sampling seed), HumanEval transfer samples
+(humaneval_base.jsonl, humaneval_magrpo.jsonl) and the 40 external MBPP problems (external/base.jsonl,
+external/magrpo.jsonl). Intervals: 95 % paired percentile bootstrap over problems (orchestry.compare), per seed and
+pooled (each problem's mean over all seeds' samples); over seeds: the mean of the per-seed differences with a
+bootstrap over seeds.
+"""
+
+import sys
+from pathlib import Path
+
+from orchestry.compare import paired_comparison, read_samples
+from orchestry.metrics import bootstrap_ci
+
+METRICS = ("pass", "total", "coop_rate", "aux_called", "truncated")
+ARMS = {  # name: (reference file, other file) inside a seed's folder
+    "test: trained - base": ("base.jsonl", "magrpo.jsonl"),
+    "test: warm start - base": ("base.jsonl", "warm_start/magrpo.jsonl"),
+    "test: trained - warm start": ("warm_start/magrpo.jsonl", "magrpo.jsonl"),
+    "HumanEval: trained - base": ("humaneval_base.jsonl", "humaneval_magrpo.jsonl"),
+    "MBPP-easy: trained - base": ("external/base.jsonl", "external/magrpo.jsonl"),
+}
+
+
+def fmt(row) -> str:
+    star = " *" if row["excludes_zero"] else ""
+    return f"{row['reference']:.3f} → {row['other']:.3f}, {row['diff']:+.3f} [{row['diff_low']:+.3f}, {row['diff_high']:+.3f}]{star}"
+
+
+def best_baseline() -> Path:
+    import json
+
+    here = Path(__file__).parent / "baselines"
+    return max(here.glob("*.jsonl"), key=lambda f: json.loads(f.with_suffix(".json").read_text())["pass@1"])
+
+
+def table(dirs: list[Path]) -> None:
+    best = best_baseline()
+    ARMS[f"test: trained - best baseline ({best.stem})"] = (str(best.resolve()), "magrpo.jsonl")
+    print("| comparison | seed | " + " | ".join(METRICS) + " |")
+    print("|---|---|" + "---|" * len(METRICS))
+    for arm, (ref, oth) in ARMS.items():
+        have = [d for d in dirs if (d / ref).exists() and (d / oth).exists()]
+        per_seed: dict[str, list[float]] = {m: [] for m in METRICS}
+        for d in have:
+            df = paired_comparison(read_samples(d / ref), read_samples(d / oth), METRICS).set_index("metric")
+            for m in METRICS:
+                if m in df.index:
+                    per_seed[m].append(df.loc[m, "diff"])
+            print(
+                f"| {arm} | {d.name} | "
+                + " | ".join(fmt(df.loc[m]) if m in df.index else "-" for m in METRICS)
+                + " |"
+            )
+        if len(have) > 1:
+            pooled_ref = [r for d in have for r in read_samples(d / ref)]
+            pooled_oth = [r for d in have for r in read_samples(d / oth)]
+            df = paired_comparison(pooled_ref, pooled_oth, METRICS).set_index("metric")
+            print(
+                f"| {arm} | pooled ({len(have)}) | "
+                + " | ".join(fmt(df.loc[m]) if m in df.index else "-" for m in METRICS)
+                + " |"
+            )
+            cells = []
+            for m in METRICS:
+                v = per_seed[m]
+                lo, hi = bootstrap_ci(v, 0.95, 10000)
+                cells.append(f"{sum(v) / len(v):+.3f} [{lo:+.3f}, {hi:+.3f}]" if v else "-")
+            print(f"| {arm} | over seeds (mean of diffs) | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    table([Path(a) for a in sys.argv[1:]])
