@@ -178,15 +178,12 @@ def test_warm_start_problems_trains_on_the_first_n_only(embedded_tokenizer, tiny
     cfg = TrainMagrpoParams(warm_start_epochs=1, warm_start_batch=1, warm_start_problems=3, warm_start_lr=5e-2,
                             warm_start_plain_prompts=True)  # fmt: skip
     trainer = MAGRPOTrainer(model, tok, problems, None, cfg, SamplingParams(), tmp_path / "ck")
-    unseen = warm_start_examples(problems[3:], tok)["main"]
     seen = warm_start_examples(problems[:1], tok)["main"]
-    before = {k: _target_logprob(model, tok, v, "main") for k, v in (("seen", seen), ("unseen", unseen))}
+    before = _target_logprob(model, tok, seen, "main")
     stats = warm_start(trainer)
     assert stats["examples"] == 6 and stats["steps"] == 2 * 6  # 3 problems x 2 prompt forms, per agent
-    gain = {
-        k: _target_logprob(model, tok, v, "main") - before[k] for k, v in (("seen", seen), ("unseen", unseen))
-    }
-    assert gain["seen"] > 0.05, gain
+    assert stats["epochs"] == 1
+    assert _target_logprob(model, tok, seen, "main") > before + 0.05
 
 
 def test_params_refuse_a_warm_start_on_problems_without_reference_decompositions():

@@ -192,7 +192,7 @@ def is_wrapper_body(fn: ast.FunctionDef | ast.AsyncFunctionDef, aux_name: str = 
     v`` (also annotated), with any number of copies between them: statements ``a = b`` that only rename a value
     (``r = aux(xs); r = r; return r``, ``y = xs; r = aux(y); s = r; return s``). A copy computes nothing, so it
     must not turn a wrapper into cooperation: MAGRPO after the warm start learned ``r = r`` for the extra bonus
-    (reports/experiments/warm_start_v2). ``args`` must be plain (see :func:`_is_plain`). Whether ``aux`` there is
+    (reports/experiments/warm_start_default/reward_hole). ``args`` must be plain (see :func:`_is_plain`). Whether ``aux`` there is
     the helper (not shadowed) is the caller's concern.
     """
     body = _docstring_free_body(fn)
@@ -210,9 +210,8 @@ def is_wrapper_body(fn: ast.FunctionDef | ast.AsyncFunctionDef, aux_name: str = 
             return False
         if _is_plain_aux_call(value, aux_name):
             holders.add(target.id)
-        elif (
-            isinstance(value, ast.Name) and value.id != aux_name
-        ):  # a copy: the target holds what the source does
+        elif isinstance(value, ast.Name) and value.id != aux_name:
+            # a copy: the target holds aux's value exactly when the source does
             (holders.add if value.id in holders else holders.discard)(target.id)
         else:
             return False

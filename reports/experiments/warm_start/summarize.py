@@ -1,7 +1,7 @@
 """Tables of the warm-start experiment: python summarize.py DIR [DIR ...] (one DIR per seed).
 
-The best baseline (highest test pass@1 in baselines/*.json next to this script) is compared with each seed's
-trained pair too.
+The best baseline (highest test pass@1 in baselines/*.json next to the seed folders) is compared with each seed's
+trained pair too; ../warm_start_default/ uses this script with its own baselines/.
 
 Each DIR holds the evaluate stage's samples (base.jsonl: adapters off; magrpo.jsonl: warm start + MAGRPO), the
 warm-started pair alone (warm_start/magrpo.jsonl, same sampling seed), HumanEval transfer samples
@@ -32,15 +32,15 @@ def fmt(row) -> str:
     return f"{row['reference']:.3f} → {row['other']:.3f}, {row['diff']:+.3f} [{row['diff_low']:+.3f}, {row['diff_high']:+.3f}]{star}"
 
 
-def best_baseline() -> Path:
+def best_baseline(dirs: list[Path]) -> Path:
     import json
 
-    here = Path(__file__).parent / "baselines"
+    here = dirs[0].resolve().parent / "baselines"
     return max(here.glob("*.jsonl"), key=lambda f: json.loads(f.with_suffix(".json").read_text())["pass@1"])
 
 
 def table(dirs: list[Path]) -> None:
-    best = best_baseline()
+    best = best_baseline(dirs)
     ARMS[f"test: trained - best baseline ({best.stem})"] = (str(best.resolve()), "magrpo.jsonl")
     print("| comparison | seed | " + " | ".join(METRICS) + " |")
     print("|---|---|" + "---|" * len(METRICS))

@@ -161,10 +161,9 @@ class MAGRPOTrainer:
                 if self.rank == 0:
                     step_log.log_samples_table(self.samples, rec["step"])
         else:
-            if resolved_epochs(
-                self.cfg, list(self.problems)
-            ):  # supervised warm start (training.warm_start), then MAGRPO
-                self.warm_start = run_warm_start(self, self.bf16)
+            epochs = resolved_epochs(self.cfg, list(self.problems))
+            if epochs:  # supervised warm start (training.warm_start), then MAGRPO
+                self.warm_start = run_warm_start(self, self.bf16, epochs)
                 log.info("warm start: %s", self.warm_start)
                 if self.rank == 0:
                     self.save_adapters(self.warm_start_dir)

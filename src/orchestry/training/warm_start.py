@@ -123,11 +123,11 @@ def _batch(tokenizer, tokens: list[tuple[list[int], list[int]]]) -> tuple[torch.
     return ids, mask, P
 
 
-def warm_start(tr: Trainer, bf16: bool = False) -> dict:
+def warm_start(tr: Trainer, bf16: bool = False, epochs: int | None = None) -> dict:
     """Train each agent's adapter on its reference parts of ``tr.problems`` (module docstring): all of them, or
     the first ``cfg.warm_start_problems``.
 
-    :func:`resolved_epochs` epochs, batches of ``cfg.warm_start_batch`` examples in a seeded order per epoch
+    ``epochs`` epochs (None: :func:`resolved_epochs`), batches of ``cfg.warm_start_batch`` examples in a seeded order per epoch
     (``cfg.seed``), one clipped (``max_grad_norm``) AdamW step per batch. Every process of a data-parallel run
     trains the same examples in the same order, so their adapters stay equal.
 
@@ -140,7 +140,7 @@ def warm_start(tr: Trainer, bf16: bool = False) -> dict:
     """
     cfg = tr.cfg
     t0 = time.time()
-    epochs = resolved_epochs(cfg, list(tr.problems))
+    epochs = resolved_epochs(cfg, list(tr.problems)) if epochs is None else epochs
     problems = list(tr.problems)[: cfg.warm_start_problems or None]
     examples = warm_start_examples(problems, tr.tokenizer, cfg.warm_start_plain_prompts)
     out: dict = {"epochs": epochs, "examples": len(examples["main"]), "steps": 0}
