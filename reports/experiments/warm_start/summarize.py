@@ -6,8 +6,8 @@ trained pair too; ../warm_start_default/ uses this script with its own baselines
 Each DIR holds the evaluate stage's samples (base.jsonl: adapters off; magrpo.jsonl: warm start + MAGRPO), the
 warm-started pair alone (warm_start/magrpo.jsonl, same sampling seed), HumanEval transfer samples
 (humaneval_base.jsonl, humaneval_magrpo.jsonl) and the 40 external MBPP problems (external/base.jsonl,
-external/magrpo.jsonl); ../warm_start_default/ adds lr1e-4/magrpo.jsonl (MAGRPO at lr 1e-4 from the saved
-warm-started pair). Arms whose files a seed lacks are left out for that seed. Intervals: 95 % paired percentile bootstrap over problems (orchestry.compare), per seed and
+external/magrpo.jsonl); ../warm_start_default/ adds lr1e-4/magrpo.jsonl and lr1e-4/external/ (MAGRPO at lr 1e-4 from
+the saved warm-started pair). Arms whose files a seed lacks are left out for that seed. Intervals: 95 % paired percentile bootstrap over problems (orchestry.compare), per seed and
 pooled (each problem's mean over all seeds' samples); over seeds: the mean of the per-seed differences with a
 bootstrap over seeds.
 """
@@ -24,10 +24,12 @@ ARMS = {  # name: (reference file, other file) inside a seed's folder
     "test: warm start - base": ("base.jsonl", "warm_start/magrpo.jsonl"),
     "test: trained - warm start": ("warm_start/magrpo.jsonl", "magrpo.jsonl"),
     # ../warm_start_default/: MAGRPO at lr 1e-4 from the same warm-started pair (a probe, not the pipeline)
+    "test: MAGRPO lr 1e-4 - base": ("base.jsonl", "lr1e-4/magrpo.jsonl"),
     "test: MAGRPO lr 1e-4 - warm start": ("warm_start/magrpo.jsonl", "lr1e-4/magrpo.jsonl"),
     "test: MAGRPO lr 1e-4 - lr 3e-4 (trained)": ("magrpo.jsonl", "lr1e-4/magrpo.jsonl"),
     "HumanEval: trained - base": ("humaneval_base.jsonl", "humaneval_magrpo.jsonl"),
     "MBPP-easy: trained - base": ("external/base.jsonl", "external/magrpo.jsonl"),
+    "MBPP-easy: MAGRPO lr 1e-4 - base": ("lr1e-4/external/base.jsonl", "lr1e-4/external/magrpo.jsonl"),
 }
 
 
@@ -46,6 +48,7 @@ def best_baseline(dirs: list[Path]) -> Path:
 def table(dirs: list[Path]) -> None:
     best = best_baseline(dirs)
     ARMS[f"test: trained - best baseline ({best.stem})"] = (str(best.resolve()), "magrpo.jsonl")
+    ARMS[f"test: MAGRPO lr 1e-4 - best baseline ({best.stem})"] = (str(best.resolve()), "lr1e-4/magrpo.jsonl")
     print("| comparison | seed | " + " | ".join(METRICS) + " |")
     print("|---|---|" + "---|" * len(METRICS))
     for arm, (ref, oth) in ARMS.items():
