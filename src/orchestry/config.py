@@ -188,7 +188,7 @@ class TrainMagrpoParams(_Section):
     num_steps: int = Field(24, ge=1, le=BIG, description="policy updates")
     problems_per_step: int = Field(2, ge=1, le=4096, description="problems whose groups form one update")
     num_generations: int = Field(4, ge=2, le=1024, description="G: completions per agent per problem")
-    learning_rate: float = Field(3e-4, gt=0, le=1, description="AdamW learning rate of each LoRA adapter")
+    learning_rate: float = Field(1e-4, gt=0, le=1, description="AdamW learning rate of each LoRA adapter")
     weight_decay: float = Field(0.0, ge=0, le=1)
     max_grad_norm: float = Field(
         1.0, gt=0, le=1e12, description="gradient-norm clip per adapter (huge: none)"
