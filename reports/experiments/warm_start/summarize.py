@@ -47,11 +47,14 @@ def best_baseline(dirs: list[Path]) -> Path:
 
 def table(dirs: list[Path]) -> None:
     best = best_baseline(dirs)
-    ARMS[f"test: trained - best baseline ({best.stem})"] = (str(best.resolve()), "magrpo.jsonl")
-    ARMS[f"test: MAGRPO lr 1e-4 - best baseline ({best.stem})"] = (str(best.resolve()), "lr1e-4/magrpo.jsonl")
+    arms = {  # the module's arms stay as written; the baseline's path depends on dirs
+        **ARMS,
+        f"test: trained - best baseline ({best.stem})": (str(best.resolve()), "magrpo.jsonl"),
+        f"test: MAGRPO lr 1e-4 - best baseline ({best.stem})": (str(best.resolve()), "lr1e-4/magrpo.jsonl"),
+    }
     print("| comparison | seed | " + " | ".join(METRICS) + " |")
     print("|---|---|" + "---|" * len(METRICS))
-    for arm, (ref, oth) in ARMS.items():
+    for arm, (ref, oth) in arms.items():
         have = [d for d in dirs if (d / ref).exists() and (d / oth).exists()]
         per_seed: dict[str, list[float]] = {m: [] for m in METRICS}
         for d in have:
