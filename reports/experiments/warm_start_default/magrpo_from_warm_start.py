@@ -39,6 +39,7 @@ def main() -> None:
         dropout=cfg.lora_dropout,
         target_modules=cfg.target_modules,
         seed=cfg.seed,
+        quantized=params.model.load_in_4bit,
     )
     for agent in ("helper", "main"):
         state = load_file(str(warm / agent / "adapter_model.safetensors"))
