@@ -130,6 +130,10 @@ def load_model(path: str | Path, dtype: str = "float32", load_in_4bit: bool = Fa
     if torch.cuda.is_available():  # this process's GPU (LOCAL_RANK under accelerate launch / torchrun)
         kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    if model.device.type == "cpu":  # decoding kernels for small models on CPU (GPUs keep transformers' own)
+        from orchestry.llm.decoding import use_decode_kernels
+
+        use_decode_kernels(model)
     tok = load_tokenizer(path)
     model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok
@@ -422,10 +426,14 @@ class NucleusSampler:
 ROUND_TOKENS = 16  # decoding round length: finished rows leave the batch between rounds
 
 
-def _generate_in_rounds(model, enc, kwargs: dict, tokenizer, width: int, fence_stop: bool) -> torch.Tensor:
+def _generate_in_rounds(
+    model, enc, kwargs: dict, tokenizer, width: int, fence_stop: bool, stacked=None
+) -> torch.Tensor:
     """``model.generate`` in rounds of ``ROUND_TOKENS`` new tokens, continuing each round from the KV cache of
     the previous one with the unfinished rows only. Returns ``[B, width + T]`` ids laid out as one ``generate``
-    call returns them (rows that stopped early padded with the pad token)."""
+    call returns them (rows that stopped early padded with the pad token). ``stacked``: a
+    :class:`orchestry.llm.decoding.StackedLoRA` whose hooks are on, given each round's per-row adapters instead of
+    peft's ``adapter_names``."""
     from transformers import StaticCache
 
     pad = tokenizer.pad_token_id
@@ -443,7 +451,11 @@ def _generate_in_rounds(model, enc, kwargs: dict, tokenizer, width: int, fence_s
         if cache is not None:
             kw["past_key_values"] = cache
         if adapter_names is not None:
-            kw["adapter_names"] = [adapter_names[i] for i in active.tolist()]
+            names = [adapter_names[i] for i in active.tolist()]
+            if stacked is not None:
+                stacked.set_rows(names)
+            else:
+                kw["adapter_names"] = names
         res = model.generate(input_ids=ids, attention_mask=mask, **kw)
         new = res.sequences[:, ids.shape[1] :]
         for r, i in enumerate(active.tolist()):
@@ -483,6 +495,7 @@ def generate(
     top_p: float = 0.95,
     seed: int = 0,
     stop_at_code_end: bool = True,
+    stacked_lora: bool = True,
 ) -> GenerationBatch:
     """Sample one completion per prompt in ONE batched generation (all rows decoded together).
 
@@ -495,6 +508,8 @@ def generate(
         adapter_names: per-row LoRA adapter (peft mixed-adapter batch), ``None`` for the bare model.
         temperature: 0 means greedy decoding.
         seed: seeds torch's sampler, so the same batch gives the same completions on CPU.
+        stacked_lora: per-row adapters through :class:`orchestry.llm.decoding.StackedLoRA` (two products per
+            LoRA layer); False: through peft's mixed batch (the same completions, slower; kept for comparison).
 
     Returns:
         :class:`GenerationBatch` with ``sequences [B, P+T]``.
@@ -521,24 +536,33 @@ def generate(
     was_training = model.training
     model.eval()  # peft refuses per-row adapters in training mode
     torch.manual_seed(seed)
+    stacked = _stacked_lora(model, adapter_names) if stacked_lora else None
     try:
-        # rows repeating a prompt (G samples per agent and problem): prefill each distinct prompt once
-        if width > 1:
-            rows = torch.arange(len(prompts))
-            groups = _prompt_groups(enc["input_ids"], enc["attention_mask"], adapter_names) or (rows, rows)
-            extra = (
-                {"adapter_names": [adapter_names[i] for i in groups[0]]} if adapter_names is not None else {}
-            )
-            device = getattr(model, "device", torch.device("cpu"))
-            kwargs["past_key_values"] = _prefix_cache(
-                model,
-                enc["input_ids"].to(device),
-                enc["attention_mask"].to(device),
-                tuple(t.to(device) for t in groups),
-                max_len=width + max_new_tokens,
-                **extra,
-            )
-        out = _generate_in_rounds(model, enc, kwargs, tokenizer, width, stop_at_code_end)
+        with stacked.hooks() if stacked is not None else contextlib.nullcontext():
+            # rows repeating a prompt (G samples per agent and problem): prefill each distinct prompt once
+            if width > 1:
+                rows = torch.arange(len(prompts))
+                groups = _prompt_groups(enc["input_ids"], enc["attention_mask"], adapter_names) or (
+                    rows,
+                    rows,
+                )
+                extra = {}
+                if adapter_names is not None:
+                    first = [adapter_names[i] for i in groups[0]]
+                    if stacked is not None:
+                        stacked.set_rows(first)
+                    else:
+                        extra["adapter_names"] = first
+                device = getattr(model, "device", torch.device("cpu"))
+                kwargs["past_key_values"] = _prefix_cache(
+                    model,
+                    enc["input_ids"].to(device),
+                    enc["attention_mask"].to(device),
+                    tuple(t.to(device) for t in groups),
+                    max_len=width + max_new_tokens,
+                    **extra,
+                )
+            out = _generate_in_rounds(model, enc, kwargs, tokenizer, width, stop_at_code_end, stacked)
     finally:
         model.train(was_training)
     completion = out[:, width:]
@@ -562,6 +586,23 @@ def generate(
             )
         )
     return GenerationBatch(out, attn, width, items, time.time() - t0)
+
+
+def _stacked_lora(model, adapter_names: Sequence[str] | None):
+    """A :class:`orchestry.llm.decoding.StackedLoRA` for a batch with per-row adapters, or None: no per-row
+    adapters, or LoRA layers it does not cover (then peft's mixed batch runs)."""
+    from orchestry.llm.decoding import StackedLoRA
+
+    if adapter_names is None or not hasattr(model, "peft_config"):
+        return None
+    names = sorted(set(adapter_names) & set(model.peft_config))
+    if not names:
+        return None
+    try:
+        return StackedLoRA(model, names)
+    except ValueError as e:
+        log.info("per-row adapters through peft's mixed batch: %s", e)
+        return None
 
 
 def completion_logprobs(model, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int):

@@ -1,0 +1,131 @@
+"""The decoding kernels (orchestry.llm.decoding) compute what transformers and peft compute."""
+
+import pytest
+import torch
+from conftest import make_tiny_llama
+
+from orchestry.llm import decoding
+from orchestry.llm.local import attach_adapters, generate
+
+
+def _kv(B=3, H=4, Hkv=2, L=12, D=8, filled=9, pad=(0, 2, 5)):
+    """A decoding step's query and a static cache: rows left-padded by ``pad``, positions from ``filled`` empty."""
+    torch.manual_seed(0)
+    q = torch.randn(B, H, 1, D)
+    k, v = torch.randn(B, Hkv, L, D), torch.randn(B, Hkv, L, D)
+    mask = torch.zeros(B, 1, 1, L, dtype=torch.bool)
+    for b, p in enumerate(pad):
+        mask[b, 0, 0, p:filled] = True
+    return q, k, v, mask
+
+
+class _Attn(torch.nn.Module):
+    num_key_value_groups = 2
+    is_causal = True
+    training = False
+
+
+def test_decode_attention_matches_sdpa():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q, k, v, mask = _kv()
+    ours, _ = decoding.decode_attention(_Attn(), q, k, v, mask, scaling=0.3)
+    ref, _ = sdpa_attention_forward(_Attn(), q, k, v, mask, scaling=0.3)
+    assert ours.shape == ref.shape == (3, 1, 4, 8)
+    assert torch.allclose(ours, ref, atol=1e-6)
+    # the empty tail is not read: garbage there changes nothing
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 9:], v2[:, :, 9:] = 1e9, float("nan")
+    again, _ = decoding.decode_attention(_Attn(), q, k2, v2, mask, scaling=0.3)
+    assert torch.equal(again, ours)
+    # a row that sees a position changes the output there
+    mask[0, 0, 0, 10] = True
+    moved, _ = decoding.decode_attention(_Attn(), q, k, v, mask, scaling=0.3)
+    assert not torch.allclose(moved[0], ours[0])
+
+
+def test_decode_attention_passes_prefill_to_sdpa():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(1)
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None, None].expand(2, 1, 5, 5)
+    ours, _ = decoding.decode_attention(_Attn(), q, k, v, mask, scaling=0.3)
+    ref, _ = sdpa_attention_forward(_Attn(), q, k, v, mask, scaling=0.3)
+    assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize("rows", [1, 7, decoding.SKINNY_ROWS, decoding.SKINNY_ROWS + 1])
+def test_decode_linear_matches_linear(rows):
+    torch.manual_seed(2)
+    lin = torch.nn.Linear(24, 40)
+    x = torch.randn(rows, 1, 24)
+    ref = lin(x)
+    lin.__class__ = decoding.DecodeLinear
+    with torch.no_grad():
+        out = lin(x)
+    assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-5)
+    y = lin(x)  # under autograd: F.linear, gradients as before
+    y.sum().backward()
+    assert torch.equal(y, ref) and lin.weight.grad is not None
+
+
+def _pair(seed=0):
+    model = make_tiny_llama(vocab_size=64, seed=seed)
+    pm = attach_adapters(model, ["helper", "main"], r=4, alpha=8)
+    torch.manual_seed(seed + 10)
+    for n, p in pm.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.5)
+    return pm.eval()
+
+
+def test_stacked_lora_matches_peft_mixed_batch():
+    pm = _pair()
+    names = ["helper", "main", "__base__", "main"]
+    ids = torch.randint(0, 64, (4, 6))
+    with torch.no_grad():
+        ref = pm(input_ids=ids, adapter_names=names).logits
+        stacked = decoding.StackedLoRA(pm, ["helper", "main"])
+        with stacked.hooks():
+            stacked.set_rows(names)
+            ours = pm(input_ids=ids).logits
+        plain = pm(input_ids=ids, adapter_names=["__base__"] * 4).logits
+        after = pm(input_ids=ids, adapter_names=names).logits  # hooks removed, peft's adapters back on
+    assert torch.allclose(ours, ref, atol=1e-5)
+    assert torch.allclose(ours[2], plain[2], atol=1e-5)  # the base row has no adapter
+    assert not torch.allclose(ours[0], ours[1], atol=1e-3)  # the adapters differ
+    assert torch.equal(after, ref)
+
+
+def test_stacked_lora_refuses_a_missing_adapter():
+    pm = _pair()
+    with pytest.raises(ValueError, match="reviewer"):
+        decoding.StackedLoRA(pm, ["helper", "reviewer"])
+
+
+def test_generate_same_tokens_with_and_without_the_kernels(embedded_tokenizer, one_thread):
+    """Greedy and seeded sampling give the same completions through peft's mixed batch and SDPA as through the
+    stacked LoRA, the decoding attention and DecodeLinear (tiny model: its logits differ by ~1e-6)."""
+    tok = embedded_tokenizer
+    model = make_tiny_llama(vocab_size=len(tok), seed=3)
+    pm = attach_adapters(model, ["helper", "main"], r=4, alpha=8)
+    torch.manual_seed(4)
+    for n, p in pm.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.5)
+    prompts = ["def f(x):", "def f(x):", "return the sum", "count vowels in s"]
+    names = ["helper", "helper", "main", "__base__"]
+    runs = {}
+    for kernels in (False, True):
+        if kernels:
+            decoding.use_decode_kernels(pm)
+            assert pm.get_base_model().config._attn_implementation == decoding.ATTENTION
+            assert isinstance(pm.get_base_model().lm_head, decoding.DecodeLinear)
+        for temperature in (0.0, 0.8):
+            out = generate(pm, tok, prompts, names, max_new_tokens=20, temperature=temperature, seed=5,
+                           stop_at_code_end=False, stacked_lora=kernels)  # fmt: skip
+            runs[kernels, temperature] = [g.text for g in out.items]
+    assert runs[True, 0.0] == runs[False, 0.0]
+    assert runs[True, 0.8] == runs[False, 0.8]
+    assert runs[True, 0.8][0] != runs[True, 0.8][1]  # sampled rows of one prompt differ: sampling happened
