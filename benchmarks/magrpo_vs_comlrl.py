@@ -47,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_line
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "base"
 G = 4
@@ -479,6 +481,7 @@ def report(c: dict, o: dict, roof: dict, args) -> float:
         f"MAGRPO side by side: {args.problems} HumanEval train problems, 2 agents, G={G}, <= {MAX_NEW_TOKENS} new "
         f"tokens, 1 turn, 1 epoch, {args.problems_per_update} problem(s) per optimizer update, {args.threads} threads"
     )
+    print(f"cpu: {cpu_line()}")
     print(
         f"machine (torch): memory read {roof['bandwidth'] / 1e9:.1f} GB/s, matmul fp32 "
         f"{roof['flops_fp32'] / 1e9:.0f} GFLOP/s, bf16 {roof['flops_bf16'] / 1e9:.1f} GFLOP/s; model "
