@@ -459,7 +459,12 @@ def report(c: dict, o: dict, roof: dict, args) -> float:
         train_tps(o) / max(train_tps(c), 1e-9),
     )
     add("  training roofline tok/s", train_roof(c), train_roof(o), "{:.0f}")
-    add("  training / roofline", train_tps(c) / train_roof(c), train_tps(o) / train_roof(o), "{:.1%}")
+
+    # 0 when a trainer made no training pass (every group's rewards equal: nothing to learn)
+    def train_share(r):
+        return train_tps(r) / train_roof(r) if train_roof(r) else 0.0
+
+    add("  training / roofline", train_share(c), train_share(o), "{:.1%}")
     add(
         "training GFLOP (model work)",
         train_flops(c) / 1e9,
