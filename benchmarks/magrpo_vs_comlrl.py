@@ -8,8 +8,11 @@ One invocation trains both on the same work and prints their speed, memory and r
   at most 128 new tokens, temperature 0.8, top-p 0.95, no top-k;
 * the same plain-text prompts (system line + user message, no chat template: CoMLRL cuts a chat-templated
   prompt at the first pad token, and this model's pad token ends each chat turn; see benchmarks/README.md);
-* the same reward: ``orchestry.rewards.code.level_rewards`` run in an ``orchestry.sandbox.Sandbox`` (wrapped
-  for CoMLRL with the keyword-only ``batch_items`` signature it needs to pass the problem);
+* the same reward: :func:`bench_reward`, ``orchestry.rewards.code.level_rewards`` with the MAGRPO paper's levels
+  (structure and syntax paid without a passing assert: ``format_needs_a_pass=False``; the project's default
+  gate pays nothing on HumanEval to this model, so no group would hold a learning signal) and without
+  truncation flags (CoMLRL does not report them), run in an ``orchestry.sandbox.Sandbox``; given to our trainer
+  as its ``reward_fn`` and wrapped for CoMLRL with the keyword-only ``batch_items`` signature it needs;
 * the same learning signal: A_g = R_g - mean(R) (CoMLRL's ``advantage_normalization`` off, as in the paper),
   loss -(1/G) sum_g A_g log pi(y_g), averaged over the problems of one optimizer update;
 * the same number of problems per optimizer update (``--problems-per-update``; CoMLRL's
@@ -86,6 +89,13 @@ def _problems(n: int):
     return split_problems(load_problems(), "magrpo")["train"][:n]
 
 
+def bench_reward(problems, helpers, mains, sandbox) -> list:
+    """The level reward both trainers get (module docstring): paper levels, no truncation flags."""
+    from orchestry.rewards.code import RewardConfig, level_rewards
+
+    return level_rewards(problems, helpers, mains, sandbox, config=RewardConfig(format_needs_a_pass=False))
+
+
 def _plain_tokenizer():
     """Our tokenizer with the chat template removed: ``chat_prompt`` then renders ``system\\n\\nuser\\n``."""
     from orchestry.llm.local import load_tokenizer
@@ -141,7 +151,6 @@ def run_comlrl(n_problems: int, per_update: int, threads: int) -> None:
 
     from orchestry.llm.local import chat_prompt
     from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
-    from orchestry.rewards.code import level_rewards
 
     problems = _problems(n_problems)
     tok = _plain_tokenizer()
@@ -153,7 +162,7 @@ def run_comlrl(n_problems: int, per_update: int, threads: int) -> None:
     def reward(helper_completions, main_completions, *, batch_items=None):
         problem = Problem.from_dict(batch_items[0])
         n = len(helper_completions)
-        return [r.total for r in level_rewards([problem] * n, helper_completions, main_completions, sandbox)]
+        return [r.total for r in bench_reward([problem] * n, helper_completions, main_completions, sandbox)]
 
     def helper_prompt(item):
         return chat_prompt(tok, Problem.from_dict(item).helper_prompt(), HELPER_SYSTEM)
@@ -290,11 +299,15 @@ def run_ours(n_problems: int, per_update: int, threads: int) -> None:
         learning_rate=LR_OURS,
         checkpoint_every=10**6,
         seed=SEED,
+        warm_start_epochs=0,  # CoMLRL has none (HumanEval problems name no decomposition: auto is 0 anyway)
     )
     sampling = SamplingParams(max_completion_length=MAX_NEW_TOKENS, temperature=TEMPERATURE, top_p=TOP_P)
     load_s = time.perf_counter() - t_start
     with _sandbox() as sb, tempfile.TemporaryDirectory() as tmp:
-        trainer = MAGRPOTrainer(model, tok, problems, sb, cfg, sampling, Path(tmp) / "ckpt")
+        trainer = MAGRPOTrainer(
+            model, tok, problems, sb, cfg, sampling, Path(tmp) / "ckpt",
+            reward_fn=lambda p, h, m: bench_reward(p, h, m, sb),
+        )  # fmt: skip
         t0 = time.perf_counter()
         hist = trainer.train(progress=False)
         train_s = time.perf_counter() - t0
@@ -470,7 +483,7 @@ def report(c: dict, o: dict, roof: dict, args) -> float:
         train_flops(c) / 1e9,
         train_flops(o) / 1e9,
         "{:.0f}",
-        train_flops(c) / train_flops(o),
+        train_flops(c) / train_flops(o) if train_flops(o) else None,
     )
     add("optimizer updates per agent", c["updates_per_agent"], o["updates_per_agent"], "{:.0f}")
     add(
@@ -537,9 +550,9 @@ def main() -> None:
     roof = measure_roofline(args.threads)
     comlrl = _run_worker("comlrl", args)
     ours = _run_worker("ours", args)
-    speedup = report(comlrl, ours, roof, args)
-    if args.json:
+    if args.json:  # before the report, so a report error loses no measurement
         args.json.write_text(json.dumps({"roofline": roof, "comlrl": comlrl, "ours": ours}, indent=2))
+    speedup = report(comlrl, ours, roof, args)
     print(f"speedup_vs_comlrl: {speedup:.2f}")
 
 
