@@ -10,6 +10,7 @@ from orchestry.baselines import run_method
 from orchestry.config import BASELINE_METHODS
 from orchestry.metric_names import method_metrics
 from orchestry.metrics import summarize
+from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, start_stage, write_json, write_jsonl
 from orchestry.tracking import log_metrics, stage_run
@@ -47,6 +48,7 @@ def main() -> None:
         iv = params.intervals
         summary = summarize(records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples)
         summary["seconds"] = seconds
+        summary["machine"] = machine_info()  # what the seconds (and the low bits) depend on
         out = f"reports/baselines/{args.method}.jsonl"
         write_jsonl(out, records)
         write_json(f"reports/baselines/{args.method}.json", summary)

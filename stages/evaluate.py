@@ -10,6 +10,7 @@ from orchestry.evaluation import evaluate_agents, evaluate_workflow, trained_min
 from orchestry.metric_names import method_metrics
 from orchestry.metrics import key_metrics, summarize
 from orchestry.mlflow_models import log_samples_table
+from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, read_jsonl, start_stage, write_json, write_jsonl
 from orchestry.tracking import log_metrics, stage_run
@@ -100,6 +101,7 @@ def main() -> None:
         api = Path("reports/api_grpo/summary.json")
         if api.exists():
             report["api_grpo"] = json.loads(api.read_text())
+        report["machine"] = machine_info()
         write_json("reports/metrics.json", report)
         mlflow.log_artifact("reports/metrics.json")
         # in key order, not sorted: DVC shows a metrics file's keys in file order

@@ -22,6 +22,7 @@ from orchestry.llm.local import attach_adapters
 from orchestry.metric_names import magrpo_step_metrics, magrpo_summary_metrics
 from orchestry.metrics import quarter_comparison
 from orchestry.mlflow_models import register_adapters
+from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.rewards.coach import open_coach
 from orchestry.runtime import (
@@ -136,6 +137,8 @@ def main() -> None:
             seconds_per_step=sum(r["seconds"] for r in history) / max(1, len(history)),
             completion_tokens=sum(r["tokens/completion"] for r in history),
             prompt_tokens=sum(r["tokens/prompt"] for r in history),
+            update_dtype="bf16" if trainer.bf16 else "fp32",  # train_magrpo.bf16_update as resolved here
+            machine=machine_info(),
         )
         if trainer.warm_start:
             summary.update({f"warm_start_{k.replace('/', '_')}": v for k, v in trainer.warm_start.items()})

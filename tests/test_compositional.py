@@ -430,7 +430,7 @@ def test_row_of_reads_pass_rates_and_intervals_from_the_records():
 
 
 def test_cpu_model_reads_the_model_name(tmp_path):
-    from orchestry.calibration import cpu_model
+    from orchestry.numerics import cpu_model
 
     info = tmp_path / "cpuinfo"
     info.write_text(

@@ -24,6 +24,7 @@ from orchestry.metric_names import (
     scheme_metrics,
 )
 from orchestry.metrics import flat_numbers, summarize
+from orchestry.numerics import machine_info
 from orchestry.tracking import execution_metrics, log_metrics, stage_run
 
 
@@ -235,6 +236,9 @@ def test_a_stage_run_logs_documented_names_and_is_tagged(tmp_path, monkeypatch):
                 log_metrics(logged[stage])
             stored = mlflow.MlflowClient(uri).get_run(run.info.run_id)
             assert stored.data.tags[VOCABULARY_TAG] == "2"
+            machine = machine_info()  # what the run's numbers and seconds depend on, as tags
+            for key in ("cpu", "cpu_flags", "threads", "kernels", "numerics"):
+                assert stored.data.tags[f"machine.{key}"] == str(machine[key]), key
             names = set(stored.data.metrics) - {"cost/wall_seconds"}
             names = {n for n in names if not n.startswith("system/")}
             assert len(names) >= 10

@@ -357,6 +357,21 @@ def test_the_page_states_its_provenance(built):
     assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", section)
 
 
+def test_provenance_names_the_machine_that_trained(tmp_path):
+    from orchestry.report import _training_machine
+
+    path = tmp_path / "magrpo.json"
+    assert _training_machine(path) is None  # no report
+    path.write_text(json.dumps({"steps": 2}))
+    assert _training_machine(path) is None  # a report from before the machine was recorded
+    machine = {"cpu": "Test CPU 9000", "cpu_flags": "avx2", "threads": 2, "torch": "2.13.0", "kernels": "AVX2",
+               "mkl_cbwr": "AUTO", "numerics": "native", "gpu": "none"}  # fmt: skip
+    path.write_text(json.dumps({"machine": machine, "update_dtype": "fp32"}))
+    line = _training_machine(path)
+    for part in ("Test CPU 9000", "2 threads", "AVX2 kernels", "numerics native", "update fp32"):
+        assert part in line, part
+
+
 def test_a_page_built_in_a_stage_run_links_its_mlflow_runs(tmp_path, monkeypatch):
     import mlflow
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -160,17 +159,6 @@ def calibrate(
     return rows, summaries
 
 
-def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """The CPU's model name (the first ``model name`` line of /proc/cpuinfo; else ``platform.processor()``)."""
-    try:
-        for line in Path(cpuinfo).read_text().splitlines():
-            if line.lower().startswith("model name") and ":" in line:
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def progress_line(row: dict) -> str:
     """The command's line after each difficulty."""
     return (
@@ -226,6 +214,8 @@ def write_reports(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    from orchestry.numerics import cpu_model
+
     cpu = cpu_model()
     cores = os.cpu_count() or 1
     report = {

@@ -54,6 +54,12 @@ class ModelParams(_Section):
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="weight dtype of the frozen base")
     load_in_4bit: bool = Field(False, description="NF4-quantise the frozen base with bitsandbytes (QLoRA)")
+    numerics: Literal["native", "portable"] = Field(
+        "native",
+        description="native (each CPU's fastest kernels; bf16_update auto) | portable (the same kernel paths on "
+        "every x86-64 CPU with AVX2 and an fp32 update, for numbers that match across CPU kinds; slower; "
+        "orchestry.numerics, docs/reproducibility.md)",
+    )
 
 
 class SamplingParams(_Section):
@@ -614,6 +620,13 @@ class Params(_Section):
 
     @model_validator(mode="after")
     def _across_sections(self) -> Params:
+        if self.model.numerics == "portable":
+            if self.train_magrpo.bf16_update is True:
+                raise ValueError(
+                    "model.numerics: portable trains in fp32: set train_magrpo.bf16_update auto or false"
+                )
+            if self.model.dtype != "float32" or self.model.load_in_4bit:
+                raise ValueError("model.numerics: portable needs model.dtype float32 and load_in_4bit false")
         if self.train_magrpo.warm_start_epochs not in (0, "auto") and self.prepare.source != "compositional":
             raise ValueError(
                 "train_magrpo.warm_start_epochs needs prepare.source: compositional (the generated problems' "

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import html
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -405,7 +406,8 @@ def provenance(root: Path = Path(".")) -> dict[str, Any]:
     Returns:
         ``date`` (UTC, ISO 8601 to the second), ``git_revision`` (a commit, ``+dirty`` when the work tree has
         changes, or ``unknown``), ``params_hash`` (SHA-256 of ``root/params.yaml``), ``dvc_experiment`` (or None)
-        and ``mlflow``: None, or, inside an active MLflow run (a stage run of :func:`orchestry.tracking.stage_run`),
+        ``machine`` (the ``machine`` and ``update_dtype`` of ``reports/train/magrpo.json`` as one line: what trained
+        the adapters; None when absent) and ``mlflow``: None, or, inside an active MLflow run (a stage run of :func:`orchestry.tracking.stage_run`),
         ``{"ui", "experiment_id", "run_id", "parent_id", "stages": {stage: run_id}}`` with the newest run of each
         stage of the same pipeline execution (children of ``parent_id``). Inside a stage run, the git revision,
         params hash and DVC experiment are the run's tags (what MLflow shows).
@@ -417,6 +419,7 @@ def provenance(root: Path = Path(".")) -> dict[str, Any]:
         "git_revision": tracking.git_revision(root),
         "params_hash": tracking.params_hash(Path(root) / "params.yaml"),
         "dvc_experiment": os.environ.get("DVC_EXP_NAME") or None,
+        "machine": _training_machine(Path(root) / "reports" / "train" / "magrpo.json"),
         "mlflow": None,
     }
     mlflow = sys.modules.get("mlflow")  # not imported: no run can be active
@@ -451,6 +454,22 @@ def provenance(root: Path = Path(".")) -> dict[str, Any]:
     return info
 
 
+def _training_machine(path: Path) -> str | None:
+    """One line from the MAGRPO report's ``machine`` (:func:`orchestry.numerics.machine_info`) and ``update_dtype``."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    m = summary.get("machine") if isinstance(summary, dict) else None
+    if not isinstance(m, dict):
+        return None
+    return (
+        f"{m.get('cpu')} ({m.get('cpu_flags')}), {m.get('threads')} threads, torch {m.get('torch')} "
+        f"{m.get('kernels')} kernels, MKL branch {m.get('mkl_cbwr')}, numerics {m.get('numerics')}, "
+        f"update {summary.get('update_dtype', '?')}, GPU {m.get('gpu')}"
+    )
+
+
 def _provenance_section(info: Mapping[str, Any]) -> str:
     from orchestry.tracking import run_url
 
@@ -459,7 +478,9 @@ def _provenance_section(info: Mapping[str, Any]) -> str:
         {"": "git revision", "value": info.get("git_revision")},
         {"": "params.yaml SHA-256", "value": info.get("params_hash")},
         {"": "DVC experiment", "value": info.get("dvc_experiment") or "none (the workspace)"},
-    ]
+        {"": "machine that trained (numbers depend on it: docs/reproducibility.md)",
+         "value": info.get("machine") or "not recorded"},
+    ]  # fmt: skip
     table = _table(rows)
     ml = info.get("mlflow")
     if not ml:

@@ -14,7 +14,8 @@ from orchestry.config import Params, ParamsError, load_params
 
 
 def start_stage(name: str, params_path: str = "params.yaml") -> Params:
-    """Configure logging, validate ``params.yaml`` (exit 2 with the message on error) and seed RNGs."""
+    """Configure logging, validate ``params.yaml`` (exit 2 with the message on error), put ``model.numerics`` into
+    effect (:func:`orchestry.numerics.apply_numerics`) and seed RNGs."""
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {name} %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
@@ -27,6 +28,9 @@ def start_stage(name: str, params_path: str = "params.yaml") -> Params:
     except ParamsError as e:  # exit code 2 (bad input), like the CLI; the message names each bad key
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    from orchestry.numerics import apply_numerics
+
+    apply_numerics(params.model.numerics)  # before torch computes anything: it pins the kernel paths
     import torch
 
     torch.manual_seed(0)

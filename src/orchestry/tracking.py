@@ -221,7 +221,8 @@ def stage_run(
     (:func:`parent_run_id`); log params, tags, system metrics and wall seconds.
 
     Tags (parent and stage run): ``git_revision``, ``params_hash``, ``pipeline_execution`` (:func:`execution_key`),
-    ``dvc_experiment`` (``DVC_EXP_NAME`` when set); the stage run also ``stage`` and ``metric_vocabulary``
+    ``dvc_experiment`` (``DVC_EXP_NAME`` when set); the stage run also ``stage``, ``machine.<key>``
+    (:func:`orchestry.numerics.machine_info`: CPU, flags, threads, kernels, numerics) and ``metric_vocabulary``
     (:data:`orchestry.metric_names.VOCABULARY_TAG`: its metric names are those of ``docs/metrics.md``). The experiment gets the runs
     table's view (:func:`set_runs_view`). The parent is marked RUNNING while a stage runs and ends with the status
     of the stage that ended last. The metric ``cost/wall_seconds`` is logged when the block ends; a FINISHED run of
@@ -249,9 +250,11 @@ def stage_run(
     parent_id = parent_run_id(experiment_id, execution)
     client.update_run(parent_id, status="RUNNING")
     from orchestry.metric_names import VOCABULARY_TAG, VOCABULARY_VERSION
+    from orchestry.numerics import machine_info
 
     tags = {**execution, "pipeline_execution": execution_key(execution), "stage": stage,
-            "mlflow.parentRunId": parent_id, VOCABULARY_TAG: VOCABULARY_VERSION}  # fmt: skip
+            "mlflow.parentRunId": parent_id, VOCABULARY_TAG: VOCABULARY_VERSION,
+            **{f"machine.{k}": str(v) for k, v in machine_info().items()}}  # fmt: skip
     t0 = time.time()
     if not os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"):  # MLflow's own setting wins
         mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)

@@ -205,6 +205,7 @@ def resolve_bf16(setting: str | bool, device: str | torch.device) -> bool:
     Args:
         setting: ``"auto"``: bf16 only where ``device`` runs it natively (CPU: :func:`cpu_bf16_supported`,
             i.e. oneDNN bf16 on AVX-512 BF16 / AMX CPUs; CUDA: :func:`cuda_bf16_supported`), fp32 elsewhere.
+            Under ``model.numerics: portable`` (:func:`orchestry.numerics.numerics_mode`) ``"auto"`` is fp32.
             ``True``: bf16 even where it is emulated (a one-line warning says so, it is slow there).
             ``False``: fp32.
         device: the model's device (``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``).
@@ -213,6 +214,10 @@ def resolve_bf16(setting: str | bool, device: str | torch.device) -> bool:
         True for bf16 autocast, False for fp32; pass it to :func:`bf16_autocast`.
     """
     if setting is False:
+        return False
+    from orchestry.numerics import numerics_mode
+
+    if setting == "auto" and numerics_mode() == "portable":  # model.numerics: portable trains in fp32
         return False
     kind = torch.device(device).type
     native = (kind == "cpu" and cpu_bf16_supported()) or (kind == "cuda" and cuda_bf16_supported())

@@ -1,0 +1,133 @@
+"""Which CPU kernels a run's floating point goes through, and the portable setting (``model.numerics``).
+
+A run's numbers depend on the machine in two ways:
+
+* **kernel paths.** torch picks its vectorised CPU kernels by the CPU's instruction set (``AVX2``,
+  ``AVX512``, ...; ``torch.backends.cpu.get_cpu_capability()``), and Intel MKL, torch's CPU matrix library,
+  picks a code branch by the CPU as well. Different paths sum in different orders, so the low bits of every
+  logit and gradient differ between CPU kinds. Sampled tokens rarely notice (the same prompts, baselines and
+  first MAGRPO steps came out identical on an Intel AVX-512 machine and on this AMD AVX2 one), but training
+  feeds the bits back into the weights, and once one sampled token flips the runs part.
+* **the update's dtype.** ``train_magrpo.bf16_update: auto`` trains in bf16 where the CPU runs it natively
+  (AVX-512 BF16 / AMX) and in fp32 elsewhere: on purpose, different numbers on different CPUs.
+
+Measured on the AMD EPYC (AVX2) build machine with the embedded model (fp32 forward logits of a fixed batch,
+two LoRA AdamW steps, 16 rows x 48 sampled tokens; ``docs/reproducibility.md``): 1 or 2 threads give the same
+bits; forcing torch's scalar kernels (``ATEN_CPU_CAPABILITY=default``) or MKL's ``COMPATIBLE`` branch changes the
+logits' and the adapters' bits (not the 48 sampled tokens); ``MKL_CBWR=AVX2``/``AUTO`` and
+``ONEDNN_MAX_CPU_ISA=AVX2`` change nothing on that CPU.
+
+``model.numerics: portable`` therefore pins the paths that can be pinned on every x86-64 CPU with AVX2: torch's
+AVX2 kernels (``ATEN_CPU_CAPABILITY=avx2``), MKL's ``COMPATIBLE`` branch (Intel documents it as the one branch
+that gives the same results on Intel and non-Intel CPUs; ``MKL_CBWR``), oneDNN's AVX2 code
+(``ONEDNN_MAX_CPU_ISA``) and an fp32 update. It costs speed (decoding ~1.7x slower on the build machine) and is
+not the default. That two CPU kinds then agree bit for bit is what the settings are documented to give; it was
+not measured here (one CPU kind on hand).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: The CPU flags that decide the kernels (bf16 is native only with AVX-512 BF16 or AMX).
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+#: The environment of ``model.numerics: portable`` (read by torch and MKL when they first compute).
+PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+#: Set by :func:`apply_numerics` so that later code (``resolve_bf16``) and child processes see the setting.
+NUMERICS_ENV = "ORCHESTRY_NUMERICS"
+
+
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's model name (the first ``model name`` line of /proc/cpuinfo; else ``platform.processor()``)."""
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            if line.lower().startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, bool]:
+    """``{flag: present}`` for :data:`FLAGS`, from the first ``flags`` line of ``cpuinfo`` (all False when there
+    is none: not Linux, or not x86)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        text = ""
+    found = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
+    return {f: f in found for f in FLAGS}
+
+
+def cpu_line(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """``"<model name>; avx2=yes, avx512f=no, avx512_bf16=no, amx_bf16=no"``: printed beside every timing."""
+    shown = ", ".join(f"{f}={'yes' if v else 'no'}" for f, v in cpu_flags(cpuinfo).items())
+    return f"{cpu_model(cpuinfo)}; {shown}"
+
+
+def numerics_mode() -> str:
+    """``portable`` when :func:`apply_numerics` set it in this process (or a parent), else ``native``."""
+    return "portable" if os.environ.get(NUMERICS_ENV) == "portable" else "native"
+
+
+def apply_numerics(mode: str, cpuinfo: str | Path = "/proc/cpuinfo") -> None:
+    """Put ``model.numerics`` into effect; call before torch computes anything (``runtime.start_stage`` does).
+
+    ``native``: nothing is pinned (a user's own ``ATEN_CPU_CAPABILITY``/``MKL_CBWR`` stay as they are).
+    ``portable``: sets :data:`PORTABLE_ENV` (overriding other values, with a warning) and ``ORCHESTRY_NUMERICS``;
+    on a CPU without AVX2 (or not x86) a warning says the run cannot match the AVX2 machines.
+
+    Raises:
+        ValueError: ``mode`` is neither ``native`` nor ``portable``.
+        RuntimeError: torch already chose its kernels (something computed before this call), so the setting
+            could not take effect.
+    """
+    if mode not in ("native", "portable"):
+        raise ValueError(f"model.numerics must be native or portable, got {mode!r}")
+    if mode == "native":
+        os.environ.pop(NUMERICS_ENV, None)
+        return
+    for key, value in PORTABLE_ENV.items():
+        if os.environ.get(key, value) != value:
+            log.warning("model.numerics portable: %s=%s replaced by %s", key, os.environ[key], value)
+        os.environ[key] = value
+    os.environ[NUMERICS_ENV] = "portable"
+    if not cpu_flags(cpuinfo)["avx2"]:
+        log.warning("model.numerics portable: this CPU has no AVX2 (%s): its results cannot match AVX2 machines",
+                    cpu_model(cpuinfo))  # fmt: skip
+        return
+    import torch
+
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap != "AVX2":
+        raise RuntimeError(
+            f"model.numerics portable: torch already uses its {cap} kernels (something computed before the "
+            "setting was applied); start the process with ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE"
+        )
+
+
+def machine_info() -> dict:
+    """What a run's numbers and seconds depend on: ``cpu``, ``cpu_flags`` (the :data:`FLAGS` present),
+    ``threads`` (torch's), ``torch`` (version), ``kernels`` (torch's CPU capability), ``mkl_cbwr`` (MKL's
+    branch setting, ``AUTO`` when unset), ``numerics`` (:func:`numerics_mode`) and ``gpu`` (CUDA device name or
+    ``none``). Logged as MLflow tags ``machine.<key>`` of every stage run and written into the stage reports."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {
+        "cpu": cpu_model(),
+        "cpu_flags": " ".join(f for f, v in cpu_flags().items() if v) or "none",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR", "AUTO"),
+        "numerics": numerics_mode(),
+        "gpu": gpu,
+    }

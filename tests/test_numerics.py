@@ -1,0 +1,122 @@
+"""model.numerics and the machine record (orchestry.numerics): flags, the portable setting, params checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from orchestry.config import ParamsError, load_params
+from orchestry.numerics import FLAGS, PORTABLE_ENV, apply_numerics, cpu_flags, cpu_line, cpu_model
+
+CPUINFO = "processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx avx2 fma avx512f\n"
+HAS_AVX2 = cpu_flags()["avx2"]
+
+
+def test_flags_and_line_come_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text(CPUINFO)
+    assert cpu_flags(info) == {"avx2": True, "avx512f": True, "avx512_bf16": False, "amx_bf16": False}
+    assert cpu_model(info) == "Test CPU 9000"
+    assert cpu_line(info) == "Test CPU 9000; avx2=yes, avx512f=yes, avx512_bf16=no, amx_bf16=no"
+    missing = tmp_path / "missing"
+    assert cpu_flags(missing) == dict.fromkeys(FLAGS, False)  # not Linux / not x86: nothing claimed
+
+
+def test_native_pins_nothing_and_an_unknown_mode_is_refused(monkeypatch):
+    monkeypatch.setenv("MKL_CBWR", "AUTO")
+    apply_numerics("native")
+    assert os.environ["MKL_CBWR"] == "AUTO"
+    assert "ORCHESTRY_NUMERICS" not in os.environ
+    with pytest.raises(ValueError, match="native or portable"):
+        apply_numerics("fast")
+
+
+def _child(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in (*PORTABLE_ENV, "ORCHESTRY_NUMERICS")}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**base, **(env or {})},
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+@pytest.mark.skipif(not HAS_AVX2, reason="portable pins AVX2 kernels: needs an x86-64 CPU with AVX2")
+def test_portable_pins_the_kernels_and_trains_in_fp32():
+    """In a fresh process, as a stage starts: torch imported first (as the stage scripts do), then the setting."""
+    out = _child(
+        """
+        import json, os, torch
+        from orchestry.numerics import apply_numerics, machine_info
+        from orchestry.llm.local import resolve_bf16
+        apply_numerics("portable")
+        print(json.dumps({"env": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR",
+                          "ONEDNN_MAX_CPU_ISA", "ORCHESTRY_NUMERICS")},
+                          "bf16_auto": resolve_bf16("auto", "cpu"), "machine": machine_info()}))
+        """
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["env"] == {**PORTABLE_ENV, "ORCHESTRY_NUMERICS": "portable"}
+    assert got["bf16_auto"] is False
+    m = got["machine"]
+    assert (m["kernels"], m["mkl_cbwr"], m["numerics"]) == ("AVX2", "COMPATIBLE", "portable")
+    assert m["threads"] >= 1 and "avx2" in m["cpu_flags"].split()
+
+
+@pytest.mark.skipif(not HAS_AVX2, reason="needs a CPU whose torch kernels can be AVX2")
+def test_portable_refuses_when_torch_already_chose_other_kernels():
+    out = _child(
+        """
+        import torch
+        torch.ones(8).exp().sum()  # computes: torch fixes its kernels (scalar ones, from the environment)
+        from orchestry.numerics import apply_numerics
+        apply_numerics("portable")
+        """,
+        env={"ATEN_CPU_CAPABILITY": "default"},
+    )
+    assert out.returncode != 0
+    assert "already uses its DEFAULT kernels" in out.stderr
+
+
+@pytest.mark.skipif(not HAS_AVX2, reason="portable pins AVX2 kernels")
+def test_portable_gives_the_same_bits_on_every_run():
+    """Two fresh processes under portable: the same bits of a float32 product and softmax (no run-to-run noise)."""
+    code = """
+        import hashlib, sys, torch
+        from orchestry.numerics import apply_numerics
+        apply_numerics("portable")
+        torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
+        g = torch.Generator().manual_seed(0)
+        a, b = torch.randn(64, 576, generator=g), torch.randn(576, 1536, generator=g)
+        y = torch.softmax(a @ b, -1)
+        print(hashlib.sha256(y.numpy().tobytes()).hexdigest())
+        """
+    runs = []
+    for threads in ("2", "2"):
+        p = subprocess.run([sys.executable, "-c", textwrap.dedent(code), threads], capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+        assert p.returncode == 0, p.stderr[-2000:]
+        runs.append(p.stdout.strip())
+    assert runs[0] == runs[1] and len(runs[0]) == 64
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("train_magrpo:\n  bf16_update: true\n", "bf16_update auto or false"),
+        ("", "model.dtype float32"),
+    ],
+)
+def test_portable_params_must_be_fp32(tmp_path, extra, message):
+    model = "model:\n  numerics: portable\n" + ("  dtype: bfloat16\n" if not extra else "")
+    path = tmp_path / "params.yaml"
+    path.write_text(model + extra)
+    with pytest.raises(ParamsError, match=message):
+        load_params(path)
+    path.write_text("model:\n  numerics: portable\n")
+    assert load_params(path).model.numerics == "portable"
+    path.write_text("model:\n  numerics: fastest\n")
+    with pytest.raises(ParamsError, match="numerics"):
+        load_params(path)
