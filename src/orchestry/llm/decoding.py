@@ -11,7 +11,8 @@ benchmarks/README.md, "Decoding kernels"):
   not boolean) goes to transformers' SDPA unchanged.
 * :class:`DecodeLinear`: a linear layer applied to a few rows (a decoding step: one token per row) without
   autograd computes ``(W x^T)^T`` instead of ``x W^T``: the same products, which MKL's fp32 GEMM ran about 1.5x
-  faster at 16 rows and 1.2-1.3x at 32-64 rows on the development CPU. Larger inputs and
+  faster at 16 rows and 1.0-1.3x at 64 rows (by layer shape; 1.0x for the 576 -> 1536 MLP projection) on the
+  development CPU (benchmarks/README.md, "Decoding kernels"). Larger inputs and
   anything under autograd take ``F.linear`` as before.
 * :class:`StackedLoRA`: rows of one batch that use different LoRA adapters (peft's ``adapter_names``). peft
   computes each adapter on its rows with indexing, two products and a scatter per adapter and layer; here every
