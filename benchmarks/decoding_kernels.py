@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 import torch
-from machine import cpu_line
+
+from orchestry.numerics import cpu_line
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ The axes, one at a time around the default step of ``params.yaml`` (2 problems, 
   number of new tokens: a random model never stops early, so every row decodes the whole length and the
   figures compare like with like. No weights are downloaded (none could be here).
 
-The reward is the level reward in the sandbox (paper levels, as in ``magrpo_vs_comlrl.py``) plus a seeded jitter
+The reward is ``magrpo_vs_comlrl.bench_reward`` (the level reward in the sandbox, paper levels) plus a seeded jitter
 below 0.001 per sample, so every group has a non-zero advantage and every step runs the full update (its cost
 does not depend on the advantage's size; a flat group would skip it and the step would time generation only).
 
@@ -38,10 +38,13 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_line
+from magrpo_vs_comlrl import _problems, _sandbox, bench_reward
+
+from orchestry.numerics import cpu_line
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "base"
@@ -95,9 +98,6 @@ def run_point(point: dict, steps: int, threads: int) -> None:
     random.seed(0)
     from orchestry.config import SamplingParams, TrainMagrpoParams
     from orchestry.llm.local import attach_adapters, load_model, load_tokenizer
-    from orchestry.problems import load_problems, split_problems
-    from orchestry.rewards.code import RewardConfig, level_rewards
-    from orchestry.sandbox import Sandbox
     from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
 
     shape = point.get("shape")
@@ -105,7 +105,7 @@ def run_point(point: dict, steps: int, threads: int) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     tok = load_tokenizer(MODEL)
     model = attach_adapters(model, AGENTS, r=16, alpha=32, seed=0)
-    problems = split_problems(load_problems(), "magrpo")["train"][: point["problems"] * steps]
+    problems = _problems(point["problems"] * steps)
     cfg = TrainMagrpoParams(
         num_steps=steps,
         problems_per_step=point["problems"],
@@ -116,17 +116,14 @@ def run_point(point: dict, steps: int, threads: int) -> None:
     )
     sampling = SamplingParams(max_completion_length=point["length"], temperature=0.8, top_p=0.95)
     jitter = random.Random(0)
-    paper = RewardConfig(format_needs_a_pass=False)
 
     def reward(probs, helpers, mains):
-        out = level_rewards(probs, helpers, mains, sb, config=paper)
+        out = bench_reward(probs, helpers, mains, sb)
         for r in out:  # a non-zero advantage on every row: each step runs the whole update
             r.cooperation += jitter.uniform(0.0, 1e-3)
         return out
 
-    import tempfile
-
-    with Sandbox(timeout_s=1.0, memory_mb=1024) as sb, tempfile.TemporaryDirectory() as tmp:
+    with _sandbox() as sb, tempfile.TemporaryDirectory() as tmp:
         trainer = MAGRPOTrainer(model, tok, problems, sb, cfg, sampling, Path(tmp) / "ckpt", reward_fn=reward)
         hist = trainer.train(progress=False)
     result = {

@@ -50,7 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_line
+from orchestry.numerics import cpu_line
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "base"
