@@ -357,19 +357,24 @@ def test_the_page_states_its_provenance(built):
     assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", section)
 
 
-def test_provenance_names_the_machine_that_trained(tmp_path):
-    from orchestry.report import _training_machine
+def test_provenance_names_the_machine_that_trained():
+    from orchestry.report import _provenance_section, _training_machine
 
-    path = tmp_path / "magrpo.json"
-    assert _training_machine(path) is None  # no report
-    path.write_text(json.dumps({"steps": 2}))
-    assert _training_machine(path) is None  # a report from before the machine was recorded
+    assert _training_machine({}) is None  # an empty report
+    assert _training_machine({"steps": 2}) is None  # a report from before the machine was recorded
     machine = {"cpu": "Test CPU 9000", "cpu_flags": "avx2", "threads": 2, "torch": "2.13.0", "kernels": "AVX2",
                "mkl_cbwr": "AUTO", "numerics": "native", "gpu": "none"}  # fmt: skip
-    path.write_text(json.dumps({"machine": machine, "update_dtype": "fp32"}))
-    line = _training_machine(path)
+    line = _training_machine({"machine": machine, "update_dtype": "fp32"})
     for part in ("Test CPU 9000", "2 threads", "AVX2 kernels", "numerics native", "update fp32"):
         assert part in line, part
+    assert "Test CPU 9000" in _provenance_section({}, line)
+    assert "not recorded" in _provenance_section({}, None)
+
+
+def test_the_page_names_the_machine_of_the_committed_training(built):
+    section = built.read_text(encoding="utf-8").split('<section id="provenance">')[1].split("</section>")[0]
+    machine = json.loads((ROOT / "reports" / "train" / "magrpo.json").read_text())["machine"]
+    assert f"{machine['threads']} threads" in section and machine["kernels"] in section
 
 
 def test_a_page_built_in_a_stage_run_links_its_mlflow_runs(tmp_path, monkeypatch):

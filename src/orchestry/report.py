@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import html
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -406,8 +405,7 @@ def provenance(root: Path = Path(".")) -> dict[str, Any]:
     Returns:
         ``date`` (UTC, ISO 8601 to the second), ``git_revision`` (a commit, ``+dirty`` when the work tree has
         changes, or ``unknown``), ``params_hash`` (SHA-256 of ``root/params.yaml``), ``dvc_experiment`` (or None)
-        ``machine`` (the ``machine`` and ``update_dtype`` of ``reports/train/magrpo.json`` as one line: what trained
-        the adapters; None when absent) and ``mlflow``: None, or, inside an active MLflow run (a stage run of :func:`orchestry.tracking.stage_run`),
+        and ``mlflow``: None, or, inside an active MLflow run (a stage run of :func:`orchestry.tracking.stage_run`),
         ``{"ui", "experiment_id", "run_id", "parent_id", "stages": {stage: run_id}}`` with the newest run of each
         stage of the same pipeline execution (children of ``parent_id``). Inside a stage run, the git revision,
         params hash and DVC experiment are the run's tags (what MLflow shows).
@@ -419,7 +417,6 @@ def provenance(root: Path = Path(".")) -> dict[str, Any]:
         "git_revision": tracking.git_revision(root),
         "params_hash": tracking.params_hash(Path(root) / "params.yaml"),
         "dvc_experiment": os.environ.get("DVC_EXP_NAME") or None,
-        "machine": _training_machine(Path(root) / "reports" / "train" / "magrpo.json"),
         "mlflow": None,
     }
     mlflow = sys.modules.get("mlflow")  # not imported: no run can be active
@@ -454,13 +451,10 @@ def provenance(root: Path = Path(".")) -> dict[str, Any]:
     return info
 
 
-def _training_machine(path: Path) -> str | None:
-    """One line from the MAGRPO report's ``machine`` (:func:`orchestry.numerics.machine_info`) and ``update_dtype``."""
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    m = summary.get("machine") if isinstance(summary, dict) else None
+def _training_machine(summary: Mapping[str, Any]) -> str | None:
+    """One line from the MAGRPO report's ``machine`` (:func:`orchestry.numerics.machine_info`) and
+    ``update_dtype``: what trained the adapters; None for a report written before the machine was recorded."""
+    m = summary.get("machine")
     if not isinstance(m, dict):
         return None
     return (
@@ -470,7 +464,7 @@ def _training_machine(path: Path) -> str | None:
     )
 
 
-def _provenance_section(info: Mapping[str, Any]) -> str:
+def _provenance_section(info: Mapping[str, Any], machine: str | None = None) -> str:
     from orchestry.tracking import run_url
 
     rows = [
@@ -479,7 +473,7 @@ def _provenance_section(info: Mapping[str, Any]) -> str:
         {"": "params.yaml SHA-256", "value": info.get("params_hash")},
         {"": "DVC experiment", "value": info.get("dvc_experiment") or "none (the workspace)"},
         {"": "machine that trained (numbers depend on it: docs/reproducibility.md)",
-         "value": info.get("machine") or "not recorded"},
+         "value": machine or "not recorded"},
     ]  # fmt: skip
     table = _table(rows)
     ml = info.get("mlflow")
@@ -564,7 +558,7 @@ def write_report(
         + f"<p>{html.escape(results_note(metrics))}</p>"
     )
     sections = [
-        ("provenance", "Where this page comes from", _provenance_section(source)),
+        ("provenance", "Where this page comes from", _provenance_section(source, _training_machine(train))),
         ("shows", "What this run shows: base, best baseline and trained pair on each test set", shows),
         ("metrics", "Methods on the test split", _metrics_section(metrics, src["metrics"])),
         ("magrpo", "MAGRPO: training gain", _magrpo_section(train, src["magrpo"])),
