@@ -36,10 +36,16 @@ def test_native_pins_nothing_and_an_unknown_mode_is_refused(monkeypatch):
         apply_numerics("fast")
 
 
-def _child(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _child_args(code: str, args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter with ``args``, the portable variables removed from the environment, then
+    ``env`` added."""
     base = {k: v for k, v in os.environ.items() if k not in (*PORTABLE_ENV, "ORCHESTRY_NUMERICS")}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**base, **(env or {})},
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env={**base, **(env or {})},
                           capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def _child(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return _child_args(code, [], env)
 
 
 @pytest.mark.skipif(not HAS_AVX2, reason="portable pins AVX2 kernels: needs an x86-64 CPU with AVX2")
@@ -81,25 +87,28 @@ def test_portable_refuses_when_torch_already_chose_other_kernels():
 
 
 @pytest.mark.skipif(not HAS_AVX2, reason="portable pins AVX2 kernels")
-def test_portable_gives_the_same_bits_on_every_run():
-    """Two fresh processes under portable: the same bits of a float32 product and softmax (no run-to-run noise)."""
+def test_portable_applied_in_a_running_stage_equals_the_environment_at_start():
+    """The bits of a float32 product and softmax: ``apply_numerics`` after torch is imported gives exactly what
+    the portable environment set at process start gives, and not what the native kernels give (MKL's COMPATIBLE
+    branch has no FMA), so the setting really took effect."""
     code = """
         import hashlib, sys, torch
         from orchestry.numerics import apply_numerics
-        apply_numerics("portable")
-        torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
+        if sys.argv[1] == "late":
+            apply_numerics("portable")
+        torch.set_num_threads(2)
         g = torch.Generator().manual_seed(0)
         a, b = torch.randn(64, 576, generator=g), torch.randn(576, 1536, generator=g)
-        y = torch.softmax(a @ b, -1)
-        print(hashlib.sha256(y.numpy().tobytes()).hexdigest())
+        print(hashlib.sha256(torch.softmax(a @ b, -1).numpy().tobytes()).hexdigest())
         """
-    runs = []
-    for threads in ("2", "2"):
-        p = subprocess.run([sys.executable, "-c", textwrap.dedent(code), threads], capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    bits = {}
+    for how, env in (("native", {}), ("at_start", PORTABLE_ENV), ("late", {})):
+        p = _child_args(code, [how], env)
         assert p.returncode == 0, p.stderr[-2000:]
-        runs.append(p.stdout.strip())
-    assert runs[0] == runs[1] and len(runs[0]) == 64
+        bits[how] = p.stdout.strip()
+    assert len(bits["late"]) == 64
+    assert bits["late"] == bits["at_start"]
+    assert bits["late"] != bits["native"]
 
 
 @pytest.mark.parametrize(
