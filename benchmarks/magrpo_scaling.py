@@ -161,7 +161,7 @@ def table(results: list[dict]) -> str:
     """A markdown table: one row per point, means over its steps."""
     head = (
         "| model | problems/step | G | max new tokens | s/step | generate | reward | update | completion tokens"
-        "/step | s per 1k completion tokens | peak memory GiB |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "/step | step s per 1k completion tokens | peak memory GiB |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = [head]
     for r in results:
