@@ -220,6 +220,7 @@ def _upd_variant(variant: str) -> dict:
     import torch
 
     import orchestry.llm.local as L
+    import orchestry.numerics as N
     from orchestry.algorithms.magrpo import group_advantages, policy_loss
     from orchestry.config import SamplingParams, TrainMagrpoParams
     from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
@@ -256,7 +257,7 @@ def _upd_variant(variant: str) -> dict:
     if variant == "upd_one_batch":
         trainer.micro_batch_tokens_limit = 10**9
     if variant == "upd_bf16_forced":
-        L.cpu_bf16_supported = lambda: True  # force autocast even where bf16 is emulated
+        N.cpu_bf16_supported = lambda: True  # force autocast even where bf16 is emulated
         out["cpu_bf16_supported"] = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
         out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     if variant in ("upd_padded", "upd_padded_all_logits"):

@@ -6,14 +6,14 @@ import time
 
 import mlflow
 
-from orchestry.baselines import run_method
+from orchestry.analysis.metrics import summarize
 from orchestry.config import BASELINE_METHODS
-from orchestry.metric_names import method_metrics
-from orchestry.metrics import summarize
+from orchestry.evaluation.baselines import run_method
 from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, start_stage, write_json, write_jsonl
-from orchestry.tracking import log_metrics, stage_run
+from orchestry.tracking.metric_names import method_metrics
+from orchestry.tracking.runs import log_metrics, stage_run
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Stage `detect_schemes`: classify main's code of every evaluated sample into a cooperation scheme.
 
 ``reports/schemes.json`` is a method x scheme crosstab (pandas): ``counts`` (schemes seen), ``distribution``
-(shares of every scheme in :data:`orchestry.schemes.SCHEMES`, each method's row summing to 1),
+(shares of every scheme in :data:`orchestry.analysis.schemes.SCHEMES`, each method's row summing to 1),
 ``distribution_when_a_test_passes`` (the same over samples with at least one passed assert) and ``samples``.
 """
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
-from orchestry.metric_names import scheme_metrics
+from orchestry.analysis.schemes import SCHEMES, detect_scheme
 from orchestry.problems import read_problems
 from orchestry.rewards.code import extract_code
 from orchestry.runtime import read_jsonl, start_stage, write_json, write_jsonl
-from orchestry.schemes import SCHEMES, detect_scheme
-from orchestry.tracking import log_metrics, stage_run
+from orchestry.tracking.metric_names import scheme_metrics
+from orchestry.tracking.runs import log_metrics, stage_run
 
 
 def _shares(df: pd.DataFrame) -> dict[str, dict[str, float]]:

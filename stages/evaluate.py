@@ -6,14 +6,14 @@ from pathlib import Path
 
 import mlflow
 
-from orchestry.evaluation import evaluate_agents, evaluate_workflow, trained_minus_base
-from orchestry.metric_names import method_metrics
-from orchestry.metrics import key_metrics, summarize
-from orchestry.mlflow_models import log_samples_table
+from orchestry.analysis.metrics import key_metrics, summarize
+from orchestry.evaluation.agents import evaluate_agents, evaluate_workflow, trained_minus_base
 from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, read_jsonl, start_stage, write_json, write_jsonl
-from orchestry.tracking import log_metrics, stage_run
+from orchestry.tracking.metric_names import method_metrics
+from orchestry.tracking.models import log_samples_table
+from orchestry.tracking.runs import log_metrics, stage_run
 from orchestry.training.magrpo import WORKFLOW_AGENTS
 
 ADAPTERS = Path("models/adapters/magrpo")

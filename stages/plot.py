@@ -1,5 +1,5 @@
 """Stage `plot`: PNG figures under reports/figures/ (learning curves, methods, schemes, API-GRPO, orchestrator)
-and the HTML report of every result, reports/index.html (:mod:`orchestry.report`). The last stage: it also copies
+and the HTML report of every result, reports/index.html (:mod:`orchestry.reporting.report`). The last stage: it also copies
 the execution's key metrics onto the pipeline execution's parent MLflow run (tracking.log_execution_metrics)."""
 
 import json
@@ -8,19 +8,19 @@ from pathlib import Path
 
 import mlflow
 
-from orchestry.plots import (
+from orchestry.reporting.plots import (
     plot_collaboration,
     plot_learning_curves,
     plot_methods,
     plot_scheme_evolution,
     plot_schemes,
 )
-from orchestry.plots_api_grpo import plot_api_grpo
-from orchestry.plots_orchestrator import plot_orchestrator
-from orchestry.report import ReportError, write_report
-from orchestry.results import results_markdown
+from orchestry.reporting.plots_api_grpo import plot_api_grpo
+from orchestry.reporting.plots_orchestrator import plot_orchestrator
+from orchestry.reporting.report import ReportError, write_report
+from orchestry.reporting.results import results_markdown
 from orchestry.runtime import start_stage
-from orchestry.tracking import log_execution_metrics, stage_run
+from orchestry.tracking.runs import log_execution_metrics, stage_run
 
 OUT = Path("reports/figures")
 REPORT = Path("reports/index.html")

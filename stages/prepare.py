@@ -5,7 +5,6 @@ import time
 from pathlib import Path
 
 from orchestry.generators.compositional import GeneratorError, generate_splits
-from orchestry.metric_names import prepare_metrics
 from orchestry.problems import (
     Problem,
     ProblemFormatError,
@@ -15,7 +14,8 @@ from orchestry.problems import (
     split_problems,
 )
 from orchestry.runtime import open_sandbox, start_stage, write_json, write_jsonl
-from orchestry.tracking import log_metrics, stage_run
+from orchestry.tracking.metric_names import prepare_metrics
+from orchestry.tracking.runs import log_metrics, stage_run
 
 
 def _fail(key: str, error: Exception) -> None:

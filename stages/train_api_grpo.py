@@ -15,14 +15,14 @@ from pathlib import PurePosixPath
 import mlflow
 
 from orchestry.algorithms.behaviors import LibraryError
+from orchestry.analysis.metrics import flat_numbers as _flat_numbers
 from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
-from orchestry.metric_names import api_grpo_summary_name, renamed
-from orchestry.metrics import flat_numbers as _flat_numbers
 from orchestry.overrides import OverrideError, read_overrides
 from orchestry.problems import read_problems
 from orchestry.runtime import open_sandbox, start_stage
-from orchestry.tracking import log_metrics, stage_run
+from orchestry.tracking.metric_names import api_grpo_summary_name, renamed
+from orchestry.tracking.runs import log_metrics, stage_run
 from orchestry.training.api_grpo import open_clients, run_api_grpo
 from orchestry.training.api_grpo_setup import read_transfer
 

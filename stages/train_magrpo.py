@@ -18,15 +18,13 @@ from pathlib import Path
 
 import mlflow
 
-from orchestry.llm.local import attach_adapters
-from orchestry.metric_names import magrpo_step_metrics, magrpo_summary_metrics
-from orchestry.metrics import quarter_comparison
-from orchestry.mlflow_models import register_adapters
+from orchestry.analysis.metrics import quarter_comparison
+from orchestry.analysis.schemes import SCHEMES
 from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.rewards.coach import open_coach
 from orchestry.runtime import (
-    load_policy,
+    build_policy,
     open_sandbox,
     relaunch_under_accelerate,
     stage_inputs_key,
@@ -34,8 +32,9 @@ from orchestry.runtime import (
     write_json,
     write_jsonl,
 )
-from orchestry.schemes import SCHEMES
-from orchestry.tracking import log_metrics, repo_root, stage_run
+from orchestry.tracking.metric_names import magrpo_step_metrics, magrpo_summary_metrics
+from orchestry.tracking.models import register_adapters
+from orchestry.tracking.runs import log_metrics, repo_root, stage_run
 from orchestry.training.batching import process_group
 from orchestry.training.magrpo import MAGRPOTrainer, agent_names
 
@@ -81,17 +80,7 @@ def main() -> None:
     with run if main_process else nullcontext():
         # the coach first: a misconfigured backend fails before the policy is loaded
         coach = open_coach(cfg.coach, params.model.path, params.model.dtype) if cfg.coach.enabled else None
-        model, tok = load_policy(params)
-        model = attach_adapters(
-            model,
-            agents,
-            r=cfg.lora_r,
-            alpha=cfg.lora_alpha,
-            dropout=cfg.lora_dropout,
-            target_modules=cfg.target_modules,
-            seed=cfg.seed,
-            quantized=params.model.load_in_4bit,
-        )
+        model, tok = build_policy(params, agents)
 
         def on_step(rec: dict) -> None:
             log_metrics(magrpo_step_metrics(rec), step=rec["step"])
@@ -157,7 +146,7 @@ def main() -> None:
         for agent in agents:
             mlflow.log_artifacts(str(ADAPTERS / agent), f"adapters/{agent}")
         mlflow.log_artifact(str(STEPS_CSV), "train")
-        # the helper/main adapters as a pyfunc model in the Model Registry (loads back offline; mlflow_models)
+        # the helper/main adapters as a pyfunc model in the Model Registry (loads back offline; tracking/models.py)
         if cfg.workflow == "helper_main":
             register_adapters(ADAPTERS, base_path=params.model.path, dtype=params.model.dtype,
                               load_in_4bit=params.model.load_in_4bit,

@@ -14,13 +14,13 @@ import time
 
 import mlflow
 
+from orchestry.analysis.metrics import flat_numbers as _flat_numbers
 from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
-from orchestry.metric_names import orchestrator_summary_name, renamed
-from orchestry.metrics import flat_numbers as _flat_numbers
 from orchestry.problems import read_problems
 from orchestry.runtime import open_sandbox, start_stage
-from orchestry.tracking import log_metrics, stage_run
+from orchestry.tracking.metric_names import orchestrator_summary_name, renamed
+from orchestry.tracking.runs import log_metrics, stage_run
 from orchestry.training.orchestrator import open_clients, run_orchestrator
 
 OUT = "reports/orchestrator"

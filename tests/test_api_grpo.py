@@ -379,8 +379,8 @@ def test_stage_library_with_the_embedded_model(tmp_path) -> None:
     """One tiny real run with SmolLM2 (models/base): local backend, batched generate, real rewards, plot."""
     import torch
 
-    from orchestry.plots_api_grpo import plot_api_grpo
     from orchestry.problems import read_problems
+    from orchestry.reporting.plots_api_grpo import plot_api_grpo
 
     if (
         not (REPO / "models" / "base" / "model.safetensors").exists()
@@ -407,7 +407,7 @@ def test_stage_library_with_the_embedded_model(tmp_path) -> None:
 
 
 def test_plot_from_a_fake_run(tmp_path, key) -> None:
-    from orchestry.plots_api_grpo import plot_api_grpo
+    from orchestry.reporting.plots_api_grpo import plot_api_grpo
 
     srv = FakeAnthropic(reply=_collab_reply())
     with srv.running():

@@ -21,7 +21,7 @@ from test_api_grpo import DOUBLE, INC, _cfg, _collab_reply
 from orchestry.algorithms.behaviors import LibraryError, read_library
 from orchestry.config import SamplingParams
 from orchestry.problems import make_problem
-from orchestry.report import _api_grpo_section
+from orchestry.reporting.report import _api_grpo_section
 from orchestry.runtime import write_jsonl
 from orchestry.sandbox import Sandbox
 from orchestry.training.api_grpo import run_api_grpo

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import orchestry.llm.local as L
+import orchestry.numerics as N
 import orchestry.training.magrpo as M
-from orchestry.config import ParamsError, SamplingParams, TrainMagrpoParams, load_params
+from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.local import Generation, GenerationBatch, attach_adapters
+from orchestry.params_file import ParamsError, load_params
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
@@ -32,43 +33,43 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_resolution_follows_the_hardware_flag(
     monkeypatch, native, setting, expected, device, capability
 ) -> None:
-    monkeypatch.setattr(L, capability, lambda: native)
+    monkeypatch.setattr(N, capability, lambda: native)
     want = native if expected is None else expected  # auto: native bf16 or nothing
-    assert L.resolve_bf16(setting, device) is want
-    assert L.resolve_bf16(setting, torch.device(device)) is want
+    assert N.resolve_bf16(setting, device) is want
+    assert N.resolve_bf16(setting, torch.device(device)) is want
 
 
 def test_auto_is_fp32_on_a_device_without_a_bf16_check(monkeypatch) -> None:
-    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: True)
-    monkeypatch.setattr(L, "cuda_bf16_supported", lambda: True)
-    assert L.resolve_bf16("auto", "meta") is False
+    monkeypatch.setattr(N, "cpu_bf16_supported", lambda: True)
+    monkeypatch.setattr(N, "cuda_bf16_supported", lambda: True)
+    assert N.resolve_bf16("auto", "meta") is False
 
 
 def test_true_on_emulated_bf16_warns_in_one_line(monkeypatch, caplog) -> None:
-    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: False)
+    monkeypatch.setattr(N, "cpu_bf16_supported", lambda: False)
     with caplog.at_level(logging.WARNING, logger="orchestry.llm"):
-        assert L.resolve_bf16(True, "cpu") is True
+        assert N.resolve_bf16(True, "cpu") is True
     (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "emulated" in warning.getMessage() and "\n" not in warning.getMessage()
     caplog.clear()
-    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: True)
+    monkeypatch.setattr(N, "cpu_bf16_supported", lambda: True)
     with caplog.at_level(logging.WARNING, logger="orchestry.llm"):
-        assert L.resolve_bf16(True, "cpu") is True
-        assert L.resolve_bf16("auto", "cpu") is True
+        assert N.resolve_bf16(True, "cpu") is True
+        assert N.resolve_bf16("auto", "cpu") is True
     assert not caplog.records  # native: nothing to warn about
 
 
 @pytest.mark.parametrize("setting", ["maybe", 1, None])
 def test_resolver_refuses_other_settings(setting) -> None:
     with pytest.raises(ValueError, match="auto"):
-        L.resolve_bf16(setting, "cpu")
+        N.resolve_bf16(setting, "cpu")
 
 
 def test_autocast_takes_the_resolved_bool(tiny_llama) -> None:
     model = tiny_llama(16)
-    with L.bf16_autocast(model, True):  # even where bf16 is emulated: the resolver decided
+    with N.bf16_autocast(model, True):  # even where bf16 is emulated: the resolver decided
         assert torch.is_autocast_enabled("cpu")
-    with L.bf16_autocast(model, False):
+    with N.bf16_autocast(model, False):
         assert not torch.is_autocast_enabled("cpu")
 
 
@@ -125,7 +126,7 @@ def _rollout(vocab: int, problems, G: int) -> Rollout:
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("setting", ["auto", True, False])
 def test_trainer_resolves_once_and_updates_accordingly(tiny_llama, monkeypatch, native, setting) -> None:
-    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: native)
+    monkeypatch.setattr(N, "cpu_bf16_supported", lambda: native)
     problems = load_problems()[:1]
     model = attach_adapters(tiny_llama(32), AGENTS, r=2, alpha=4)
     cfg = TrainMagrpoParams(num_generations=2, problems_per_step=1, bf16_update=setting)
@@ -134,7 +135,7 @@ def test_trainer_resolves_once_and_updates_accordingly(tiny_llama, monkeypatch, 
     assert trainer.bf16 is want
 
     # resolved at construction: a later change of the capability does not reach the update
-    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: not native)
+    monkeypatch.setattr(N, "cpu_bf16_supported", lambda: not native)
     seen = []
     logprobs = M.completion_logprobs
 

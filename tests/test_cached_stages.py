@@ -4,7 +4,7 @@ A temporary git + DVC repository with a toy pipeline: a matrix stage ``train`` (
 names with ``@``, as ``baselines@<method>``) whose runs log a metric and write an uncached metrics file, and
 ``plot``, which depends on both. Real DVC (``dvc repro``, ``dvc exp run`` in the workspace, DVC's run cache) and a
 real sqlite MLflow store at the repository root; each stage is a python script using
-:func:`orchestry.tracking.stage_run`.
+:func:`orchestry.tracking.runs.stage_run`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from orchestry.compare import executions, load_runs
+from orchestry.reporting.compare import executions, load_runs
 from orchestry.smoke import clean_env
-from orchestry.tracking import OUTPUTS_TAG, cached_run_tag, outputs_digest
+from orchestry.tracking.runs import OUTPUTS_TAG, cached_run_tag, outputs_digest
 
 TRAIN = """
 import json, pathlib, sys, yaml
 import mlflow
-from orchestry.tracking import repo_root, stage_run
+from orchestry.tracking.runs import repo_root, stage_run
 
 m = sys.argv[1]
 params = yaml.safe_load(open("params.yaml"))
@@ -36,7 +36,7 @@ with stage_run(f"train@{m}", params["train"], "cached"):
 
 PLOT = """
 import pathlib, yaml
-from orchestry.tracking import stage_run
+from orchestry.tracking.runs import stage_run
 
 params = yaml.safe_load(open("params.yaml"))
 with stage_run("plot", params["plot"], "cached"):

@@ -22,10 +22,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from orchestry.analysis.metrics import summarize
 from orchestry.cli import app
-from orchestry.compare import executions, load_runs
-from orchestry.config import load_params
-from orchestry.metrics import summarize
+from orchestry.params_file import load_params
+from orchestry.reporting.compare import executions, load_runs
 from orchestry.runtime import read_jsonl
 from orchestry.smoke import MICRO, key_metrics, make_micro_repo, stage_seconds
 
@@ -92,7 +92,7 @@ def test_evaluate_scores_base_and_trained_agents_with_the_stage_metrics(agents, 
     for name, recs in (("base", base_recs), ("magrpo", magrpo_recs)):
         got = dict(report["methods"][name])
         assert got.pop("seconds") > 0
-        # exactly the evaluate stage's summary: orchestry.metrics.summarize over the same records
+        # exactly the evaluate stage's summary: orchestry.analysis.metrics.summarize over the same records
         assert got == summarize(recs, [1, 2], 0.9, 200)
         assert {"pass@1", "pass@2", "accuracy@2", "reward", "reward_ci_low", "cooperation_rate"} <= set(got)
         assert got["n_samples"] == 4 and got["n_problems"] == 2
@@ -153,8 +153,8 @@ def store(tmp_path, monkeypatch):
     """A sqlite store with flat stage runs (one run per stage, tags ``stage``, ``git_revision``,
     ``dvc_experiment``: how the pipeline logged before parent runs): a workspace execution (prepare,
     train_magrpo, evaluate) and a DVC experiment ``exp-a`` (evaluate twice: the newer run counts); a parent run
-    ``exp-c`` with two child stage runs; and ``exp-b``: two stages logged by ``orchestry.tracking.stage_run``."""
-    from orchestry.tracking import log_metrics, stage_run
+    ``exp-c`` with two child stage runs; and ``exp-b``: two stages logged by ``orchestry.tracking.runs.stage_run``."""
+    from orchestry.tracking.runs import log_metrics, stage_run
 
     monkeypatch.chdir(tmp_path)
     for var in ("DVC_ROOT", "DVC_EXP_NAME"):
@@ -387,7 +387,7 @@ def test_smoke_command_bad_root_is_one_line(tmp_path):
 
 
 def test_report_command(tmp_path):
-    pytest.importorskip("orchestry.report")
+    pytest.importorskip("orchestry.reporting.report")
     one_line_error(runner.invoke(app, ["report", "--root", str(tmp_path)]), "metrics.json")
     out = tmp_path / "index.html"
     result = runner.invoke(app, ["report", "--root", str(ROOT), "--out", str(out)])

@@ -376,7 +376,7 @@ def test_a_humaneval_problem_keeps_its_prompts():
 
 
 def test_select_problems_caps_at_the_pool_and_matches_generate():
-    from orchestry.calibration import select_problems
+    from orchestry.evaluation.calibration import select_problems
 
     pool = _pool(1)
     probs, got_pool = select_problems(1, 10_000, seed=0)
@@ -394,7 +394,7 @@ def _pool_seed(difficulty: int, seed: int) -> int:
 
 
 def test_row_of_reads_pass_rates_and_intervals_from_the_records():
-    from orchestry.calibration import row_of
+    from orchestry.evaluation.calibration import row_of
 
     def rec(task, passed, method, **kw):
         base = {"task_id": task, "passed": 4 if passed else 0, "total_asserts": 4, "total": 4.0 if passed else 1.0,

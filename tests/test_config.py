@@ -16,7 +16,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from orchestry.config import Params, ParamsError, load_params, parse_params
+from orchestry.config import Params
+from orchestry.params_file import ParamsError, load_params, parse_params
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS_TEXT = (REPO / "params.yaml").read_text()
@@ -170,8 +171,8 @@ def test_params_yaml_spells_out_every_default_of_the_models() -> None:
 
 def test_allowed_values_are_defined_once() -> None:
     from orchestry.algorithms import magrpo
-    from orchestry.baselines import METHODS
     from orchestry.config import ADVANTAGE_MODES, BASELINE_METHODS
+    from orchestry.evaluation.baselines import METHODS
 
     assert tuple(magrpo.ADVANTAGE_MODES) == ADVANTAGE_MODES
     assert tuple(m for m in METHODS if m != "magrpo") == BASELINE_METHODS
@@ -197,7 +198,7 @@ def test_stage_start_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.Captu
 
 VICTIM = """
 import signal, sys, time
-from orchestry.tracking import stage_run
+from orchestry.tracking.runs import stage_run
 before = signal.getsignal(signal.SIGTERM)
 with stage_run("victim", {"a": 1}, experiment="t", uri=sys.argv[1]) as run:
     print(run.info.run_id, signal.getsignal(signal.SIGTERM) is not before, flush=True)

@@ -425,7 +425,7 @@ def test_the_key_figures_are_the_only_stage_metric_and_the_other_metrics_are_sta
 def test_the_committed_key_figures_are_those_of_the_committed_metrics():
     import json
 
-    from orchestry.metrics import KEY_METRICS, key_metrics
+    from orchestry.analysis.metrics import KEY_METRICS, key_metrics
 
     metrics = json.loads((ROOT / "reports/metrics.json").read_text())
     key = json.loads((ROOT / "reports/key_metrics.json").read_text())

@@ -3,9 +3,9 @@ sandbox's feedback; samples that passed stop)."""
 
 import pytest
 
-from orchestry.baselines import run_method
 from orchestry.config import SamplingParams
-from orchestry.evaluation import later_turns
+from orchestry.evaluation.agents import later_turns
+from orchestry.evaluation.baselines import run_method
 from orchestry.generators.compositional import generate
 from orchestry.problems import make_problem
 from orchestry.sandbox import Sandbox

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestry.cli import app
-from orchestry.experiments import collect, seed_table
+from orchestry.reporting.experiments import collect, seed_table
 
 DVC = shutil.which("dvc") or str(Path(sys.executable).with_name("dvc"))
 
@@ -79,7 +79,7 @@ def test_cli_seeds_prints_the_table_and_fails_in_one_line(repo):
 
 def test_committed_presets_apply_cleanly_to_params():
     """Every committed preset names real keys with valid values (else `dvc exp run -S` would fail late)."""
-    from orchestry.experiments import preset_overrides
+    from orchestry.reporting.experiments import preset_overrides
 
     presets = sorted(Path("configs/experiments").glob("*.yaml"))
     assert presets, "no experiment presets committed"
@@ -90,8 +90,8 @@ def test_committed_presets_apply_cleanly_to_params():
 
 
 def test_preset_with_a_misspelt_key_or_bad_value_fails_before_queueing(tmp_path):
-    from orchestry.config import ParamsError
-    from orchestry.experiments import preset_overrides
+    from orchestry.params_file import ParamsError
+    from orchestry.reporting.experiments import preset_overrides
 
     bad_key = tmp_path / "k.yaml"
     bad_key.write_text("train_magrpo.num_stepz: 3\n")
@@ -161,7 +161,7 @@ def test_seed_table_keeps_swept_variants_out_of_the_defaults_seeds():
 
 def test_running_and_failed_experiments_do_not_count():
     """While an experiment runs, `dvc exp show` lists it with its baseline's (stale) metrics: skip it."""
-    from orchestry.experiments import parse_exp_show
+    from orchestry.reporting.experiments import parse_exp_show
 
     def rev(name, seed, r):
         return {"rev": name, "name": name, "data": {

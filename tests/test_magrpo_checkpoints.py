@@ -257,7 +257,7 @@ def test_training_is_bit_identical_whatever_the_free_memory(tmp_path, embedded_t
 
 
 def test_micro_batch_budget_is_the_parameter(tiny_llama):
-    from orchestry.config import parse_params
+    from orchestry.params_file import parse_params
 
     cfg = TrainMagrpoParams(num_generations=2, micro_batch_tokens=300)
     assert _trainer(tiny_llama, "/nonexistent", cfg).micro_batch_tokens() == 300

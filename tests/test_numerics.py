@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from orchestry.config import ParamsError, load_params
 from orchestry.numerics import FLAGS, PORTABLE_ENV, apply_numerics, cpu_flags, cpu_line, cpu_model
+from orchestry.params_file import ParamsError, load_params
 
 CPUINFO = "processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx avx2 fma avx512f\n"
 HAS_AVX2 = cpu_flags()["avx2"]
@@ -55,7 +55,7 @@ def test_portable_pins_the_kernels_and_trains_in_fp32():
         """
         import json, os, torch
         from orchestry.numerics import apply_numerics, machine_info
-        from orchestry.llm.local import resolve_bf16
+        from orchestry.numerics import resolve_bf16
         apply_numerics("portable")
         print(json.dumps({"env": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR",
                           "ONEDNN_MAX_CPU_ISA", "ORCHESTRY_NUMERICS")},

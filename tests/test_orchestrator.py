@@ -283,7 +283,7 @@ class FakeEncoder:
 def _fake_run(tmp_path: Path, chat: FakeChat, out: str = "out", **overrides) -> dict:
     from orchestry.llm.cache import CachedChat, ResponseCache
     from orchestry.llm.cost import CostTracker
-    from orchestry.training.orchestrator import Clients
+    from orchestry.training.api_clients import Clients
 
     cfg = TrainOrchestratorParams(
         **{
@@ -344,7 +344,7 @@ def test_whole_run_with_a_fake_backend_reuses_answers_by_agent_and_prompt(tmp_pa
 
 
 def test_plots_from_a_fake_run(tmp_path) -> None:
-    from orchestry.plots_orchestrator import plot_orchestrator
+    from orchestry.reporting.plots_orchestrator import plot_orchestrator
 
     _fake_run(tmp_path, FakeChat())
     paths = plot_orchestrator(tmp_path / "out", tmp_path / "figures", dpi=60)
@@ -392,7 +392,7 @@ def test_progress_bars_for_training_and_evaluation(tmp_path, monkeypatch, capsys
     """ORCHESTRY_PROGRESS=1: a training bar (live mean reward per update) and an evaluation bar (episodes done)."""
     from orchestry.llm.cache import CachedChat, ResponseCache
     from orchestry.llm.cost import CostTracker
-    from orchestry.training.orchestrator import Clients
+    from orchestry.training.api_clients import Clients
 
     monkeypatch.setenv("ORCHESTRY_PROGRESS", "1")
     cfg = TrainOrchestratorParams(num_episodes=4, episodes_per_update=2, max_problems=2, max_problems_eval=2)

@@ -29,7 +29,7 @@ from orchestry.overrides import (
     trajectory_id,
     write_overrides,
 )
-from orchestry.report import _api_grpo_section
+from orchestry.reporting.report import _api_grpo_section
 from orchestry.sandbox import Sandbox
 from orchestry.training.api_grpo import run_api_grpo
 

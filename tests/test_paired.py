@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestry.cli import app
-from orchestry.compare import CompareError, paired_comparison, read_samples
+from orchestry.reporting.compare import CompareError, paired_comparison, read_samples
 
 runner = CliRunner()
 

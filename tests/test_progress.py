@@ -96,8 +96,8 @@ def test_run_method_progress_and_unchanged_rewards(
     of ``batch_size`` gives the same rewards as scoring every sample in one sandbox batch."""
     from conftest import make_tiny_llama
 
-    from orchestry.baselines import run_method
     from orchestry.config import SamplingParams
+    from orchestry.evaluation.baselines import run_method
     from orchestry.rewards.code import level_rewards
 
     monkeypatch.setenv(ENV_VAR, "1")
@@ -199,7 +199,7 @@ def test_judge_agreement_by_hand() -> None:
 # ---- detect_schemes: the pandas crosstab gives the same report ------------------------------------------------
 def test_detect_schemes_stage_report(tmp_path, humaneval) -> None:
     """The stage (real MLflow sqlite store in a temp dir) writes the counts/shares the per-method loops gave."""
-    from orchestry.schemes import SCHEMES, detect_scheme, scheme_distribution
+    from orchestry.analysis.schemes import SCHEMES, detect_scheme, scheme_distribution
 
     (tmp_path / "data/problems").mkdir(parents=True)
     (tmp_path / "data/problems/all.jsonl").write_text(

@@ -1,4 +1,4 @@
-"""reports/index.html (orchestry.report): built from the repository's real reports/, opened in headless Chromium.
+"""reports/index.html (orchestry.reporting.report): built from the repository's real reports/, opened in headless Chromium.
 
 Every test works on a copy of reports/ under tmp_path; the repository's reports/ is never written, except
 ``reports/screenshots/index.png`` when ``ORCHESTRY_SAVE_SCREENSHOT=1`` (a 1280 x 6000 screenshot of the page).
@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from orchestry.algorithms.orchestrator import step_rewards
-from orchestry.report import FIGURES, OBJECTIVE_LABEL, ReportError, write_report
-from orchestry.tracking import stage_run, ui_base
+from orchestry.reporting.report import FIGURES, OBJECTIVE_LABEL, ReportError, write_report
+from orchestry.tracking.runs import stage_run, ui_base
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
@@ -358,7 +358,7 @@ def test_the_page_states_its_provenance(built):
 
 
 def test_provenance_names_the_machine_that_trained():
-    from orchestry.report import _provenance_section, _training_machine
+    from orchestry.reporting.report import _provenance_section, _training_machine
 
     assert _training_machine({}) is None  # an empty report
     assert _training_machine({"steps": 2}) is None  # a report from before the machine was recorded

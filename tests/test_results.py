@@ -1,9 +1,9 @@
-"""The "What the default run shows" table (orchestry.results) and README's copy of it."""
+"""The "What the default run shows" table (orchestry.reporting.results) and README's copy of it."""
 
 import re
 from pathlib import Path
 
-from orchestry.results import best_baseline, results_markdown, results_rows
+from orchestry.reporting.results import best_baseline, results_markdown, results_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestry.schemes import SCHEMES, aux_call_info, detect_scheme, scheme_distribution
+from orchestry.analysis.schemes import SCHEMES, aux_call_info, detect_scheme, scheme_distribution
 
 EXAMPLES = {
     # ---- fallback ----

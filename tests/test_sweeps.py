@@ -1,7 +1,7 @@
 """Sweeps through DVC's experiment queue, tracked in MLflow as one parent run per pipeline execution.
 
 A temporary git + DVC repository with a toy two-stage pipeline (``train`` -> ``plot``) whose stages are small
-python scripts using :func:`orchestry.tracking.stage_run`; ``train`` keeps resumable state outside DVC the way
+python scripts using :func:`orchestry.tracking.runs.stage_run`; ``train`` keeps resumable state outside DVC the way
 ``stages/train_magrpo.py`` does (``<repo_root()>/.orchestry/checkpoints/<key>``, deleted on success). Real DVC
 (``dvc exp run --queue`` / ``--run-all`` starts a celery worker) and a real sqlite MLflow store at the repo root.
 """
@@ -18,7 +18,7 @@ from orchestry.smoke import clean_env
 
 TRAIN = """
 import hashlib, json, os, pathlib, shutil, yaml
-from orchestry.tracking import repo_root, stage_run
+from orchestry.tracking.runs import repo_root, stage_run
 
 params = yaml.safe_load(open("params.yaml"))
 with open(repo_root() / "train_executions.log", "a") as f:  # the real repository: proves the script ran
@@ -39,7 +39,7 @@ shutil.rmtree(ckpt)
 
 PLOT = """
 import pathlib, yaml
-from orchestry.tracking import stage_run
+from orchestry.tracking.runs import stage_run
 
 params = yaml.safe_load(open("params.yaml"))
 with stage_run("plot", params["plot"], "sweep"):
@@ -204,7 +204,7 @@ def test_an_uncached_persistent_out_made_a_plot_only_change_retrain(tmp_path):
 def test_two_stage_runs_of_one_pipeline_execution_share_one_parent(tmp_path, monkeypatch):
     import mlflow
 
-    from orchestry.tracking import stage_run
+    from orchestry.tracking.runs import stage_run
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DVC_ROOT", raising=False)

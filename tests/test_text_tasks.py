@@ -343,7 +343,7 @@ def test_story_run_through_the_anthropic_sdk_learns_from_checked_rewards(tmp_pat
     assert "editor" in lib["behaviors"], lib["updates"]
     assert "title line" in lib["behaviors"]["editor"] or "story only" in lib["behaviors"]["editor"]
     assert set(summary["eval"]["parts"]) == {"length", "words", "pov", "title"}
-    from orchestry.report import _api_grpo_section
+    from orchestry.reporting.report import _api_grpo_section
 
     page = _api_grpo_section(summary, tmp_path / "out" / "summary.json")
     assert "mean test reward (max 4.0)" in page and "Each reward part" in page and "<td>title</td>" in page

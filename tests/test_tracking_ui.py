@@ -22,7 +22,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from orchestry.tracking import (
+from orchestry.tracking.runs import (
     VIEW_METRICS,
     VIEW_TAG,
     VIEW_TAGS,

@@ -5,7 +5,7 @@ real CLI in-process. The study test uses real git, real DVC (``dvc exp run --tem
 and a real sqlite MLflow store in a temporary repository holding the project's ``params.yaml`` with the micro
 overrides (:func:`orchestry.smoke.micro_params`) and one cheap stage in place of the pipeline: it writes
 ``reports/metrics.json`` (a ``val`` section like ``evaluate.val`` makes) from two ``train_magrpo`` params inside
-:func:`orchestry.tracking.stage_run`, as the real stages do.
+:func:`orchestry.tracking.runs.stage_run`, as the real stages do.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def test_the_evaluate_stage_adds_the_val_split(saved_agents, tmp_path):
 
 STAGE = """
 import json, pathlib, yaml
-from orchestry.tracking import stage_run
+from orchestry.tracking.runs import stage_run
 
 params = yaml.safe_load(open("params.yaml"))
 t = params["train_magrpo"]

@@ -14,7 +14,7 @@ from orchestry.llm.local import attach_adapters, completion_logprobs
 from orchestry.problems import load_problems, make_problem
 from orchestry.rewards.code import level_rewards
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
-from orchestry.training.warm_start import _batch, _tokenize, warm_start, warm_start_examples
+from orchestry.training.warm_start import _batch, _tokenize, resolved_epochs, warm_start, warm_start_examples
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_plain_prompts_add_the_same_targets_under_the_prompts_of_problems_withou
 
 
 def test_auto_warm_starts_generated_problems_only():
-    from orchestry.config import parse_params
+    from orchestry.params_file import parse_params
     from orchestry.training.warm_start import AUTO_WARM_START_EPOCHS, resolved_epochs
 
     generated, humaneval = _generated(3), load_problems("humaneval")[:2]
@@ -132,7 +132,7 @@ def test_warm_start_lowers_each_agents_loss_on_its_own_targets_only(
     before = {a: _target_logprob(model, tok, examples[a], a) for a in AGENTS}
     base_before = {n: p.detach().clone() for n, p in model.named_parameters()}
     lora_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
-    stats = warm_start(trainer)
+    stats = warm_start(trainer, False, resolved_epochs(cfg, problems))
     only_adapters_changed(model, base_before, lora_before, AGENTS)
     after = {a: _target_logprob(model, tok, examples[a], a) for a in AGENTS}
     for a in AGENTS:
@@ -180,14 +180,14 @@ def test_warm_start_problems_trains_on_the_first_n_only(embedded_tokenizer, tiny
     trainer = MAGRPOTrainer(model, tok, problems, None, cfg, SamplingParams(), tmp_path / "ck")
     seen = warm_start_examples(problems[:1], tok)["main"]
     before = _target_logprob(model, tok, seen, "main")
-    stats = warm_start(trainer)
+    stats = warm_start(trainer, False, resolved_epochs(cfg, problems))
     assert stats["examples"] == 6 and stats["steps"] == 2 * 6  # 3 problems x 2 prompt forms, per agent
     assert stats["epochs"] == 1
     assert _target_logprob(model, tok, seen, "main") > before + 0.05
 
 
 def test_params_refuse_a_warm_start_on_problems_without_reference_decompositions():
-    from orchestry.config import ParamsError, parse_params
+    from orchestry.params_file import ParamsError, parse_params
 
     with pytest.raises(ParamsError) as e:
         parse_params({"prepare": {"source": "humaneval"}, "train_magrpo": {"warm_start_epochs": 2}})

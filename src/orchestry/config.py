@@ -5,16 +5,15 @@ Field names follow TRL's GRPOConfig where one exists (``num_generations``, ``max
 
 The defaults here are the committed ``params.yaml`` (the laptop setting; a test keeps them equal). Every
 number has a finite range (``inf``/``nan`` are rejected), lists of names are non-empty, and a key written twice
-in the YAML file (at any depth, a repeated section included) is an error, not "the last one wins".
+in the YAML file (at any depth, a repeated section included) is an error, not "the last one wins"
+(the file is read by :mod:`orchestry.params_file`).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 BaselineMethod = Literal["single", "concat", "sequential", "discussion"]
 BASELINE_METHODS: tuple[str, ...] = get_args(BaselineMethod)
@@ -29,10 +28,6 @@ ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimator)
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="RNG seed")]
 Name = Annotated[str, Field(min_length=1)]
 BIG = 1_000_000  # upper bound of counts that have no natural one (steps, problems, bootstrap resamples)
-
-
-class ParamsError(ValueError):
-    """``params.yaml`` is invalid; the message names each bad key with the allowed values."""
 
 
 class _Section(BaseModel):
@@ -246,7 +241,7 @@ class TrainMagrpoParams(_Section):
         "auto",
         description="bf16 autocast for the training forward/backward: auto (only where the hardware runs bf16 "
         "natively: AVX-512 BF16 / AMX CPUs, bf16-capable GPUs; fp32 elsewhere) | true (bf16 even where it is "
-        "emulated, slowly) | false (fp32); resolved by orchestry.llm.local.resolve_bf16",
+        "emulated, slowly) | false (fp32); resolved by orchestry.numerics.resolve_bf16",
     )
     checkpoint_every: int = Field(8, ge=1, le=BIG)
     max_problems: int | None = Field(
@@ -633,111 +628,3 @@ class Params(_Section):
                 f"reference decompositions; got {self.prepare.source!r}): set train_magrpo.warm_start_epochs: 0"
             )
         return self
-
-
-def _allowed_for(model: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names allowed at the parent of ``loc`` (for 'unknown key' messages)."""
-    cur: Any = model
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        field = cur.model_fields.get(part) if isinstance(cur, type) and issubclass(cur, BaseModel) else None
-        if field is None:
-            return []
-        cur = field.annotation
-    if isinstance(cur, type) and issubclass(cur, BaseModel):
-        return list(cur.model_fields)
-    return []
-
-
-def format_validation_error(err: ValidationError, source: str = "params.yaml") -> str:
-    lines = [f"{source} is invalid:"]
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
-        if e["type"] == "extra_forbidden":
-            allowed = _allowed_for(Params, e["loc"])
-            lines.append(f"  {key}: unknown key (allowed: {', '.join(allowed)})")
-        elif not key:  # a check across sections: its message names the keys
-            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
-        else:
-            got = e.get("input")
-            lines.append(f"  {key}: {e['msg']} (got {got!r})")
-    return "\n".join(lines)
-
-
-def parse_params(data: dict | None, source: str = "params.yaml") -> Params:
-    """Validate a params mapping.
-
-    Raises:
-        ParamsError: naming every unknown key (with the allowed keys) and bad value (with the allowed values).
-    """
-    data = dict(data or {})
-    try:
-        return Params.model_validate(data)
-    except ValidationError as e:
-        raise ParamsError(format_validation_error(e, source)) from None
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but a key written twice in one mapping is an error (PyYAML keeps the last one, so a
-    repeated section would silently reset its other keys to the defaults)."""
-
-    def construct_document(self, node: yaml.Node) -> Any:
-        self._check_unique_keys(node, (), set())
-        return super().construct_document(node)
-
-    def _check_unique_keys(self, node: yaml.Node, path: tuple[str, ...], visited: set[int]) -> None:
-        if id(node) in visited:  # an alias of an anchor already checked (or a recursive one)
-            return
-        visited.add(id(node))
-        if isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self._check_unique_keys(item, (*path, str(i)), visited)
-            return
-        if not isinstance(node, yaml.MappingNode):
-            return
-        first_line: dict[Any, int] = {}
-        for key_node, value_node in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: explicit keys may override it
-                self._check_unique_keys(value_node, path, visited)
-                continue
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            try:
-                if key in first_line:
-                    name = ".".join((*path, str(key)))
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"line {line}: duplicate key '{name}' (first at line {first_line[key]}); "
-                        "remove one of them",
-                        key_node.start_mark,
-                    )
-                first_line[key] = line
-            except TypeError:  # an unhashable key: the constructor reports it
-                pass
-            self._check_unique_keys(value_node, (*path, str(key)), visited)
-
-
-def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate ``params.yaml`` (see :func:`parse_params`).
-
-    Raises:
-        ParamsError: the file is missing or unreadable, not YAML, has a key twice, or a bad key/value.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise ParamsError(f"{path} not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ParamsError(f"{path} cannot be read: {e}") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
-    except yaml.YAMLError as e:
-        raise ParamsError(f"{path} is not valid YAML: {e}") from None
-    except RecursionError:
-        raise ParamsError(f"{path} is not valid YAML: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise ParamsError(f"{path} must be a mapping of sections, got {type(data).__name__}")
-    return parse_params(data, str(path))

@@ -1,4 +1,5 @@
-"""Which CPU kernels a run's floating point goes through, and the portable setting (``model.numerics``).
+"""Which CPU kernels a run's floating point goes through, and the portable setting (``model.numerics``),
+and whether the training update runs in bf16 (:func:`resolve_bf16`).
 
 A run's numbers depend on the machine in two ways:
 
@@ -27,6 +28,8 @@ not measured here (one CPU kind on hand).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import platform
@@ -131,3 +134,75 @@ def machine_info() -> dict:
         "numerics": numerics_mode(),
         "gpu": gpu,
     }
+
+
+@functools.cache
+def cpu_bf16_supported() -> bool:
+    """True when this CPU runs bf16 matmuls natively (oneDNN: AVX-512 BF16 / AMX class CPUs).
+
+    Elsewhere bf16 is emulated and far slower than fp32 (figures for an AVX2-only CPU in benchmarks/README.md,
+    "bf16 on a CPU without AVX-512 BF16").
+    """
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def cuda_bf16_supported() -> bool:
+    """True when the current CUDA device runs bf16 natively (Ampere or later; emulation does not count)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch < 2.4 has no including_emulation and reports native support only
+        return bool(torch.cuda.is_bf16_supported())
+
+
+def resolve_bf16(setting: str | bool, device) -> bool:
+    """Whether the training forward/backward runs under bf16 autocast, from ``train_magrpo.bf16_update``.
+
+    Args:
+        setting: ``"auto"``: bf16 only where ``device`` runs it natively (CPU: :func:`cpu_bf16_supported`,
+            i.e. oneDNN bf16 on AVX-512 BF16 / AMX CPUs; CUDA: :func:`cuda_bf16_supported`), fp32 elsewhere.
+            Under ``model.numerics: portable`` (:func:`numerics_mode`) ``"auto"`` is fp32.
+            ``True``: bf16 even where it is emulated (a one-line warning says so, it is slow there).
+            ``False``: fp32.
+        device: the model's device (``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``).
+
+    Returns:
+        True for bf16 autocast, False for fp32; pass it to :func:`bf16_autocast`.
+    """
+    import torch
+
+    if setting is False:
+        return False
+    if setting == "auto" and numerics_mode() == "portable":  # model.numerics: portable trains in fp32
+        return False
+    kind = torch.device(device).type
+    native = (kind == "cpu" and cpu_bf16_supported()) or (kind == "cuda" and cuda_bf16_supported())
+    if setting == "auto":
+        return native
+    if setting is True:
+        if not native:
+            log.warning(
+                "bf16_update: true on %s, which has no native bf16 (%s): bf16 is emulated and much slower "
+                "than fp32 here; bf16_update: auto would use fp32",
+                kind,
+                "no AVX-512 BF16 / AMX" if kind == "cpu" else "not reported as native",
+            )
+        return True
+    raise ValueError(f"bf16 setting must be 'auto', True or False, got {setting!r}")
+
+
+def bf16_autocast(model, enabled: bool):
+    """bf16 autocast on the model's device when ``enabled`` (from :func:`resolve_bf16`); else a no-op (fp32)."""
+    import torch
+
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)

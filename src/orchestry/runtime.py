@@ -7,10 +7,11 @@ import logging
 import os
 import random
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from orchestry.config import Params, ParamsError, load_params
+from orchestry.config import Params, TrainMagrpoParams
+from orchestry.params_file import ParamsError, load_params
 
 
 def start_stage(name: str, params_path: str = "params.yaml") -> Params:
@@ -66,7 +67,7 @@ def relaunch_under_accelerate(num_processes: int, script: str | Path) -> int:
 
     A stage calls it when asked for several processes and not already inside a launch (no ``WORLD_SIZE``), so
     ``dvc repro`` stays the one command. SIGTERM and SIGINT received here are passed on to the launcher, which
-    passes them on to its processes (the main one ends its MLflow run KILLED, :func:`orchestry.tracking.stage_run`).
+    passes them on to its processes (the main one ends its MLflow run KILLED, :func:`orchestry.tracking.runs.stage_run`).
     """
     import signal
     import subprocess
@@ -163,6 +164,35 @@ def load_policy(
         for agent in agents[1:]:
             model.load_adapter(str(root / agent), adapter_name=agent)
     model.eval()
+    return model, tok
+
+
+def build_policy(params: Params, agents: Sequence[str], cfg: TrainMagrpoParams | None = None):
+    """The policy ``train_magrpo`` trains: the base model (:func:`load_policy`) with a fresh LoRA adapter per agent.
+
+    Args:
+        agents: adapter names (``helper``, ``main``; the workflow's ``writer``, ``tester``, ``fixer``).
+        cfg: the LoRA settings and seed (``lora_r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``,
+            ``seed``); default ``params.train_magrpo``.
+
+    Returns:
+        ``(model, tokenizer)``: a PeftModel whose adapters are initialised from ``cfg.seed``
+        (:func:`orchestry.llm.local.attach_adapters`; 4-bit base when ``model.load_in_4bit``).
+    """
+    from orchestry.llm.local import attach_adapters
+
+    cfg = cfg or params.train_magrpo
+    model, tok = load_policy(params)
+    model = attach_adapters(
+        model,
+        agents,
+        r=cfg.lora_r,
+        alpha=cfg.lora_alpha,
+        dropout=cfg.lora_dropout,
+        target_modules=cfg.target_modules,
+        seed=cfg.seed,
+        quantized=params.model.load_in_4bit,
+    )
     return model, tok
 
 

@@ -153,7 +153,7 @@ def stage_seconds(repo: str | Path, experiment: str = "orchestry"):
     Returns:
         a pandas DataFrame with columns ``stage``, ``status``, ``seconds`` (MLflow's ``cost/wall_seconds``).
     """
-    from orchestry.compare import load_runs
+    from orchestry.reporting.compare import load_runs
 
     runs = load_runs(experiment, f"sqlite:///{Path(repo).resolve() / 'mlflow.db'}")
     runs = runs[runs.get("tags.stage").notna()].sort_values("start_time")

@@ -5,7 +5,7 @@ direction), the searched params keys with their ranges, params fixed for every t
 :func:`tune` asks Optuna's TPE sampler for values and runs each trial as ``dvc exp run --temp -n NAME -S key=value
 ...`` in the repository, so each trial is an ordinary DVC experiment (reproducible, listed by ``dvc exp show``,
 ``dvc exp apply``-able), whose stage runs land in MLflow tagged ``optuna_study`` and ``optuna_trial`` (the
-stages read :data:`orchestry.tracking.TUNE_STUDY_ENV` / :data:`~orchestry.tracking.TUNE_TRIAL_ENV`); the
+stages read :data:`orchestry.tracking.runs.TUNE_STUDY_ENV` / :data:`~orchestry.tracking.runs.TUNE_TRIAL_ENV`); the
 objective is read back from the experiment's ``reports/metrics.json`` through ``dvc exp show --json``.
 
 The study lives in an Optuna storage: by default ``sqlite:///<repo>/.orchestry/optuna.db`` (git-ignored, outside
@@ -246,11 +246,11 @@ def load_space(path: str | Path, params: str | Path = "params.yaml", allow_test:
     Raises:
         SpaceError: one line naming the file and what is wrong (unknown key, empty range, bad value, ...).
     """
-    from orchestry.config import ParamsError, _UniqueKeyLoader, parse_params
+    from orchestry.params_file import ParamsError, UniqueKeyLoader, parse_params
 
     path = Path(path)
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # noqa: S506 - SafeLoader
     except (OSError, UnicodeDecodeError) as e:
         raise SpaceError(f"{path}: cannot be read: {e}") from None
     except yaml.YAMLError as e:
@@ -307,7 +307,7 @@ def _set(tree: dict, key: str, value: Any) -> None:
 
 def _check_values(dims: Sequence[Dimension], fixed: Mapping[str, Any], params: str | Path, parse) -> None:
     """Each range end and choice (with the fixed values) applied to ``params`` must pass the params schema."""
-    from orchestry.config import ParamsError
+    from orchestry.params_file import ParamsError
 
     p = Path(params)
     base = (yaml.safe_load(p.read_text(encoding="utf-8")) or {}) if p.is_file() else {}
@@ -421,7 +421,7 @@ def experiment_metric(repo: Path, name: str, objective: str, env: Mapping[str, s
 def trial_env(study: str, number: int) -> dict[str, str]:
     """The environment of a trial's ``dvc exp run``: this one (no ``DVC_ROOT``/``DVC_EXP_NAME`` of an outer
     run) plus the study and trial the stages tag their MLflow runs with."""
-    from orchestry.tracking import TUNE_STUDY_ENV, TUNE_TRIAL_ENV
+    from orchestry.tracking.runs import TUNE_STUDY_ENV, TUNE_TRIAL_ENV
 
     env = {k: v for k, v in os.environ.items() if k not in ("DVC_ROOT", "DVC_EXP_NAME")}
     env.update({TUNE_STUDY_ENV: study, TUNE_TRIAL_ENV: str(number)})

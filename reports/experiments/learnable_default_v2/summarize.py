@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from orchestry.metrics import bootstrap_ci
+from orchestry.analysis.metrics import bootstrap_ci
 
 KEYS = ("pass", "total", "coop_rate", "aux_called", "truncated")
 

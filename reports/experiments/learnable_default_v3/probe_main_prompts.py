@@ -12,9 +12,9 @@ import json
 import sys
 import time
 
-from orchestry.baselines import run_method
-from orchestry.config import load_params
+from orchestry.evaluation.baselines import run_method
 from orchestry.llm.local import load_model
+from orchestry.params_file import load_params
 from orchestry.problems import Problem, read_problems
 from orchestry.runtime import open_sandbox
 

@@ -7,7 +7,7 @@ Each DIR holds the evaluate stage's samples (base.jsonl: adapters off; magrpo.js
 warm-started pair alone (warm_start/magrpo.jsonl, same sampling seed), HumanEval transfer samples
 (humaneval_base.jsonl, humaneval_magrpo.jsonl) and the 40 external MBPP problems (external/base.jsonl,
 external/magrpo.jsonl); ../warm_start_default/ adds lr1e-4/magrpo.jsonl and lr1e-4/external/ (MAGRPO at lr 1e-4 from
-the saved warm-started pair). Arms whose files a seed lacks are left out for that seed. Intervals: 95 % paired percentile bootstrap over problems (orchestry.compare), per seed and
+the saved warm-started pair). Arms whose files a seed lacks are left out for that seed. Intervals: 95 % paired percentile bootstrap over problems (orchestry.reporting.compare), per seed and
 pooled (each problem's mean over all seeds' samples); over seeds: the mean of the per-seed differences with a
 bootstrap over seeds.
 """
@@ -15,8 +15,8 @@ bootstrap over seeds.
 import sys
 from pathlib import Path
 
-from orchestry.compare import paired_comparison, read_samples
-from orchestry.metrics import bootstrap_ci
+from orchestry.analysis.metrics import bootstrap_ci
+from orchestry.reporting.compare import paired_comparison, read_samples
 
 METRICS = ("pass", "total", "coop_rate", "aux_called", "truncated")
 ARMS = {  # name: (reference file, other file) inside a seed's folder

@@ -19,10 +19,9 @@ from pathlib import Path
 from peft import set_peft_model_state_dict
 from safetensors.torch import load_file
 
-from orchestry.config import load_params
-from orchestry.llm.local import attach_adapters
+from orchestry.params_file import load_params
 from orchestry.problems import read_problems
-from orchestry.runtime import load_policy, open_sandbox
+from orchestry.runtime import build_policy, open_sandbox
 from orchestry.training.magrpo import MAGRPOTrainer
 
 
@@ -30,17 +29,7 @@ def main() -> None:
     warm, lr, out, seed = Path(sys.argv[1]), float(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
     params = load_params("params.yaml")
     cfg = params.train_magrpo.model_copy(update={"warm_start_epochs": 0, "learning_rate": lr, "seed": seed})
-    model, tok = load_policy(params)
-    model = attach_adapters(
-        model,
-        ("helper", "main"),
-        r=cfg.lora_r,
-        alpha=cfg.lora_alpha,
-        dropout=cfg.lora_dropout,
-        target_modules=cfg.target_modules,
-        seed=cfg.seed,
-        quantized=params.model.load_in_4bit,
-    )
+    model, tok = build_policy(params, ("helper", "main"), cfg)
     for agent in ("helper", "main"):
         state = load_file(str(warm / agent / "adapter_model.safetensors"))
         result = set_peft_model_state_dict(model, state, adapter_name=agent)

@@ -9,7 +9,7 @@ Every m episodes (docs/algorithms.md, section 4):
    (groups whose trajectories all scored the same carry no signal and drop out);
 3. the deterministic extractor (always on) compares measurable features of top and bottom
    (:meth:`orchestry.tasks.common.Task.features`: cooperation scheme of main's code via
-   :func:`orchestry.schemes.detect_scheme`, answer and code length, fences, prose after the code,
+   :func:`orchestry.analysis.schemes.detect_scheme`, answer and code length, fences, prose after the code,
    truncation, aux definition and use, test-passing structure): for a 0/1 feature the effect is the
    difference of rates, for a count the difference of means in pooled standard deviations;
 4. features with a large enough effect (a 0/1 rate difference of at least 0.25 and of at least two

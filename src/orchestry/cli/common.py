@@ -89,7 +89,7 @@ def _errors(
 ) -> Iterator:
     """Turn exceptions into one ``error:`` line: ``(types, prefix)`` pairs are bad input (exit code 2, the
     message after ``prefix``, e.g. ``"--problems: "``; an exception with an ``option`` attribute, such as
-    :class:`orchestry.scoring.FileOptionError`, names ``--<option>`` when ``prefix`` is empty), any other
+    :class:`orchestry.evaluation.scoring.FileOptionError`, names ``--<option>`` when ``prefix`` is empty), any other
     exception exit code 1."""
     try:
         yield
@@ -106,7 +106,8 @@ def _errors(
 
 def _load_params(path: Path | None):
     """``path`` validated (``params.yaml`` when ``None`` and it exists; else every default)."""
-    from orchestry.config import Params, load_params
+    from orchestry.config import Params
+    from orchestry.params_file import load_params
 
     if path is None:
         path = Path("params.yaml")
@@ -116,7 +117,7 @@ def _load_params(path: Path | None):
 
 
 def _out_file(path: Path | None, option: str) -> None:
-    from orchestry.scoring import FileOptionError
+    from orchestry.evaluation.scoring import FileOptionError
 
     if path is not None and (path.is_dir() or (path.exists() and not path.is_file())):
         raise FileOptionError(option.removeprefix("--"), f"{path} is not a regular file")

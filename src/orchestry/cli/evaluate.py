@@ -19,7 +19,7 @@ from orchestry.cli.common import (
 def _params_with_model(params: Path | None, model: str | None):
     """The params (``--params``) with ``--model`` replacing ``model.path``; a folder without ``config.json`` is a
     :class:`FileOptionError` on ``--model``."""
-    from orchestry.scoring import FileOptionError
+    from orchestry.evaluation.scoring import FileOptionError
 
     cfg = _load_params(params)
     if model is not None:
@@ -80,12 +80,12 @@ def evaluate(
 
     from rich.console import Console
 
-    from orchestry.config import ParamsError
-    from orchestry.evaluation import AdaptersError, check_adapters, evaluate_agents
+    from orchestry.evaluation.agents import AdaptersError, check_adapters, evaluate_agents
+    from orchestry.evaluation.scoring import FileOptionError
+    from orchestry.params_file import ParamsError
     from orchestry.problems import ProblemFormatError, load_problems
     from orchestry.runtime import load_policy, open_sandbox, write_json, write_jsonl
     from orchestry.sandbox import SandboxError
-    from orchestry.scoring import FileOptionError
 
     console = Console(stderr=True, quiet=quiet)
     with _errors(
@@ -220,13 +220,13 @@ def calibrate(
     """
     import random
 
-    from orchestry.calibration import calibrate as run_calibration
-    from orchestry.calibration import markdown_table, progress_line, write_reports
-    from orchestry.config import ParamsError
+    from orchestry.evaluation.calibration import calibrate as run_calibration
+    from orchestry.evaluation.calibration import markdown_table, progress_line, write_reports
+    from orchestry.evaluation.scoring import FileOptionError
     from orchestry.generators.compositional import GeneratorError
+    from orchestry.params_file import ParamsError
     from orchestry.runtime import load_policy, open_sandbox
     from orchestry.sandbox import SandboxError
-    from orchestry.scoring import FileOptionError
 
     levels = _difficulties(difficulties)
     command = (

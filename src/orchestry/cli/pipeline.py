@@ -83,9 +83,9 @@ def report(
     """(Re)build the HTML report (reports/index.html) from the current reports.
 
     Metrics with confidence intervals, training gain, API-GRPO, orchestrator, costs, figures, schemes, best and
-    worst transcripts (orchestry.report.write_report).
+    worst transcripts (orchestry.reporting.report.write_report).
     """
-    from orchestry.report import ReportError, write_report
+    from orchestry.reporting.report import ReportError, write_report
 
     with _errors(debug, (ReportError, "")):
         path = write_report(root, out)

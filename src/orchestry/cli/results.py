@@ -57,7 +57,7 @@ def seeds(
     from rich.console import Console
     from rich.table import Table
 
-    from orchestry.experiments import collect, seed_table
+    from orchestry.reporting.experiments import collect, seed_table
 
     metrics = metric or [
         "reports/metrics.json:trained_minus_base.pass.diff",
@@ -120,9 +120,9 @@ def compare(
     from rich.console import Console
     from rich.table import Table
 
-    from orchestry.compare import DEFAULT_METRICS, CompareError, executions, load_runs
-    from orchestry.scoring import FileOptionError
-    from orchestry.tracking import tracking_uri as default_uri
+    from orchestry.evaluation.scoring import FileOptionError
+    from orchestry.reporting.compare import DEFAULT_METRICS, CompareError, executions, load_runs
+    from orchestry.tracking.runs import tracking_uri as default_uri
 
     with _errors(debug, (CompareError, ""), (FileOptionError, "")):
         _out_file(csv, "--csv")
@@ -190,8 +190,14 @@ def paired(
     from rich.console import Console
     from rich.table import Table
 
-    from orchestry.compare import SAMPLE_METRICS, CompareError, paired_comparison, plot_paired, read_samples
-    from orchestry.scoring import FileOptionError
+    from orchestry.evaluation.scoring import FileOptionError
+    from orchestry.reporting.compare import (
+        SAMPLE_METRICS,
+        CompareError,
+        paired_comparison,
+        plot_paired,
+        read_samples,
+    )
 
     tables = []
     with _errors(debug, (CompareError, ""), (FileOptionError, "")):
@@ -248,7 +254,7 @@ def show_best(
     from rich.panel import Panel
     from rich.syntax import Syntax
 
-    from orchestry.transcripts import TranscriptError, best_and_worst
+    from orchestry.reporting.transcripts import TranscriptError, best_and_worst
 
     with _errors(debug, (TranscriptError, "--file: ")):
         best, worst = best_and_worst(file, n)

@@ -71,9 +71,9 @@ def score(
     """
     from rich.console import Console
 
+    from orchestry.evaluation.scoring import FileOptionError, check_paths, problem_index, score_file
     from orchestry.problems import ProblemFormatError
     from orchestry.sandbox import Sandbox, SandboxError
-    from orchestry.scoring import FileOptionError, check_paths, problem_index, score_file
 
     progress = Console(stderr=True, quiet=quiet)
     try:

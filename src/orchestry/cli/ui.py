@@ -75,7 +75,7 @@ def ui(
     """Start the MLflow UI (mlflow server) on the project's store; artifacts from <repo root>/mlartifacts.
 
     Prints the address of the experiment's runs table on stdout (MLflow 3's "Model training" mode with the
-    columns stage, DVC experiment, git revision, execution and the key test metrics; orchestry.tracking.
+    columns stage, DVC experiment, git revision, execution and the key test metrics; orchestry.tracking.runs.
     runs_table_url) and, when a graphical browser exists, opens it once the server answers (never waiting for
     the browser). The command runs until the server stops: Ctrl-C or SIGTERM stops both. Exit code 2 when the
     store does not exist; otherwise the server's exit code.
@@ -85,9 +85,9 @@ def ui(
     import subprocess
     import threading
 
-    from orchestry.scoring import FileOptionError
-    from orchestry.tracking import repo_root, runs_table_url, set_runs_view, ui_base
-    from orchestry.tracking import tracking_uri as default_uri
+    from orchestry.evaluation.scoring import FileOptionError
+    from orchestry.tracking.runs import repo_root, runs_table_url, set_runs_view, ui_base
+    from orchestry.tracking.runs import tracking_uri as default_uri
 
     with _errors(debug, (FileOptionError, "")):
         uri = tracking_uri or default_uri()

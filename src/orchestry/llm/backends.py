@@ -58,7 +58,7 @@ _TRACING_LOCK = threading.Lock()
 def enable_mlflow_tracing(sdk: str) -> bool:
     """Trace the calls of an API ``sdk`` (``"anthropic"``, ``"openai"``) with MLflow's autologging
     (``mlflow.<sdk>.autolog()``) when an MLflow run is active in any thread (a stage's
-    :func:`orchestry.tracking.stage_run`); each call becomes a trace (request, response, tokens, latency) linked
+    :func:`orchestry.tracking.runs.stage_run`); each call becomes a trace (request, response, tokens, latency) linked
     to the run, shown in the run's Traces tab.
 
     No network access of its own: MLflow's download of its model price catalog is turned off

@@ -26,7 +26,7 @@ keeps the value of at least one call) and ``truncated`` (a completion hit the to
 knows token counts, so it is passed in, ``None`` when unknown).
 
 Differences from the authors' regex-based code, all deliberate: definitions, wrappers and ignored values are
-read from the AST (see :mod:`orchestry.code_ast`), so a shadowed ``aux`` is not a call to the helper; the
+read from the AST (see :mod:`orchestry.analysis.code_ast`), so a shadowed ``aux`` is not a call to the helper; the
 entry point only needs to be defined (docs/algorithms.md, section 2), not to contain ``return``; the tested
 program is the extracted code of both agents as written (not only the two functions cut out of it).
 
@@ -46,10 +46,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from orchestry.code_ast import AuxCallInfo, safe_parse, top_level_function
+from orchestry.analysis.code_ast import AuxCallInfo, safe_parse, top_level_function
+from orchestry.analysis.schemes import aux_call_info
 from orchestry.problems import Problem
 from orchestry.rewards.extract import MAX_ANSWER_CHARS, extract_code
-from orchestry.schemes import aux_call_info
 
 if TYPE_CHECKING:  # the sandbox is only needed at run time, through the object the caller passes in
     from orchestry.sandbox import ExecutionResult, Sandbox
@@ -134,17 +134,17 @@ class LevelReward:
         cooperation: level 4 (0..1.5).
         passed: asserts passed (0 when level 3 was not reached).
         total_asserts: asserts of the problem (0 only for an unknown problem).
-        scheme: cooperation scheme of main's code (:data:`orchestry.schemes.SCHEMES`); computed whenever
+        scheme: cooperation scheme of main's code (:data:`orchestry.analysis.schemes.SCHEMES`); computed whenever
             main's code parses, even when level 4 is not reached (useful for analysis).
         aux_defined: (ungated) the helper's code defines ``aux`` at its top level (the structure level's
             test: a ``def aux`` nested in a class or function does not count; a broken top-level one does).
         aux_called: (ungated) main's entry point calls or references the helper's ``aux`` -- directly, in a
             nested function, lambda or comprehension, or through another top-level function of main's code it
-            calls (:attr:`orchestry.code_ast.AuxCallInfo.calls_aux`). False when main's code does not parse,
+            calls (:attr:`orchestry.analysis.code_ast.AuxCallInfo.calls_aux`). False when main's code does not parse,
             does not define the entry point, or rebinds ``aux`` (its calls then reach main's own copy).
         aux_used: (ungated) ``aux_called`` and at least one aux call site's value is used: not every site is
             a bare statement ``aux(x)`` nor ``v = aux(x)`` with ``v`` never read (the cooperation level's
-            "value ignored" test, :attr:`orchestry.code_ast.AuxCallInfo.ignored_lines`). ``aux`` passed as a
+            "value ignored" test, :attr:`orchestry.analysis.code_ast.AuxCallInfo.ignored_lines`). ``aux`` passed as a
             value (``map(aux, xs)``) counts as used.
         truncated: a completion of this sample hit the token limit (``max_completion_length``), as told by
             the caller (``truncated=`` of :func:`level_rewards`); ``None``: not known.
@@ -419,7 +419,7 @@ def _level_3(states: list[_Pending], sandbox: Sandbox, config: RewardConfig) -> 
 
 
 def _ignored_call_count(main_code: str, info: AuxCallInfo, aux: str) -> int:
-    """How many aux call sites :func:`orchestry.schemes.aux_call_info` found ignored (``info.ignored_lines``
+    """How many aux call sites :func:`orchestry.analysis.schemes.aux_call_info` found ignored (``info.ignored_lines``
     holds their lines, deduplicated): the bare ``aux(..)`` statements, and the assignments of an ``aux(..)``
     call to one name never read, on those lines; so two ignored calls on one line (``aux(1); aux(2)``) count
     twice and ``x = aux(1); y = aux(2); return y`` counts one."""

@@ -7,7 +7,7 @@ import ast
 import re
 import textwrap
 
-from orchestry.code_ast import safe_parse
+from orchestry.analysis.code_ast import safe_parse
 
 MAX_ANSWER_CHARS = 100_000
 

@@ -14,10 +14,10 @@ import ast
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from orchestry.code_ast import safe_parse, top_level_function
+from orchestry.analysis.code_ast import safe_parse, top_level_function
+from orchestry.analysis.schemes import SCHEMES, aux_call_info, detect_scheme
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
 from orchestry.rewards.code import RewardConfig, extract_code, level_rewards
-from orchestry.schemes import SCHEMES, aux_call_info, detect_scheme
 from orchestry.tasks.common import Turn, answer_features, answer_guides, finished
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class CodeCollaboration:
     def features(self, problem: Problem, turns: Sequence[Turn], reward: Mapping) -> dict[str, float]:
         """Answer features of both agents plus aux definition/use and the cooperation scheme (one-hot).
 
-        The scheme is :func:`orchestry.schemes.detect_scheme` on main's extracted code.
+        The scheme is :func:`orchestry.analysis.schemes.detect_scheme` on main's extracted code.
         """
         helper, main = turns[0], turns[1]
         feats = {**answer_features("helper", helper), **answer_features("main", main)}

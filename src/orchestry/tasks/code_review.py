@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from orchestry.code_ast import safe_parse, top_level_function
+from orchestry.analysis.code_ast import safe_parse, top_level_function
 from orchestry.problems import SINGLE_SYSTEM, Problem
 from orchestry.rewards.code import RewardConfig, extract_code, single_rewards
 from orchestry.tasks.common import Turn, answer_features, answer_guides, write_review_revise

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from orchestry.code_ast import safe_parse
+from orchestry.analysis.code_ast import safe_parse
 from orchestry.problems import Problem
 from orchestry.rewards.code import extract_code
 

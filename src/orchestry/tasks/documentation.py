@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from orchestry.code_ast import safe_parse, top_level_function
+from orchestry.analysis.code_ast import safe_parse, top_level_function
 from orchestry.problems import Problem
 from orchestry.rewards.code import extract_code
 from orchestry.sandbox import Job

@@ -45,7 +45,6 @@ evaluation per turn (live mean reward of the turn's answers).
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import math
@@ -72,11 +71,11 @@ from orchestry.rewards.judge import Judge, judge_agreement, judge_prompt
 from orchestry.tasks.common import Turn
 from orchestry.training.api_clients import repo_relative
 from orchestry.training.api_grpo_outputs import (
-    CSV_FIELDS,
     compare_arms,
     compare_transfer,
+    cost_summary,
     override_summary,
-    trajectory_rows,
+    write_run_files,
 )
 from orchestry.training.api_grpo_setup import TASK_ROLES, Clients, make_task, open_clients, read_transfer
 
@@ -566,8 +565,6 @@ class ApiGrpoRun:
         tr = self.c.tracker
         train_eps = [r for r in self.episodes if r["phase"] == "train"]
         n = len(train_eps)
-        t_usd = sum(r["cost"]["usd"] for r in train_eps)
-        t_tok = sum(r["cost"]["tokens"] for r in train_eps)
         groups = [t["value"] for r in train_eps for t in r["trajectories"]]
         total = tr.total.to_dict()
         by_tag = {tag: u.to_dict() for tag, u in sorted(tr.by_tag.items()) if ":" not in tag}
@@ -592,20 +589,7 @@ class ApiGrpoRun:
             },
             "eval": self.eval_summary,
             "behaviors": {"version": self.behaviors_version, "final": self.behaviors},
-            "cost": {
-                **total,
-                "usd_total": total["usd"],  # spent in this run (cache hits are free)
-                "tokens_total": total["tokens"],
-                "usd_per_episode": t_usd / n if n else 0.0,
-                "tokens_per_episode": t_tok / n if n else 0.0,
-                "calls_per_episode": sum(r["cost"]["calls"] + r["cost"]["cached_calls"] for r in train_eps)
-                / n
-                if n
-                else 0.0,
-                "by_tag": by_tag,
-                "free_backend": self.c.chat.inner.price.input_usd_per_mtok == 0
-                and self.c.chat.inner.price.output_usd_per_mtok == 0,
-            },
+            "cost": cost_summary(total, by_tag, train_eps, self.c.chat.inner.price),
             "cache": {
                 "hit_rate": total["cache_hit_rate"],
                 "entries": len(self.c.cache),
@@ -631,23 +615,7 @@ class ApiGrpoRun:
 
     def write_outputs(self) -> dict:
         """Write the four outputs (atomically per file) and return the summary."""
-        self.out.mkdir(parents=True, exist_ok=True)
         summary = self.summary()
-
-        def atomic(name: str, write: Callable) -> None:
-            tmp = self.out / (name + ".tmp")
-            with open(tmp, "w", newline="", encoding="utf-8") as f:
-                write(f)
-            tmp.replace(self.out / name)
-
-        atomic("episodes.jsonl", lambda f: f.writelines(json.dumps(r) + "\n" for r in self.episodes))
-
-        def write_csv(f) -> None:
-            w = csv.DictWriter(f, fieldnames=CSV_FIELDS + [f"part_{k}" for k in self.parts])
-            w.writeheader()
-            w.writerows(trajectory_rows(self.episodes, self.parts))
-
-        atomic("rewards.csv", write_csv)
         library = {
             "task": self.task.name,
             "version": self.behaviors_version,
@@ -657,8 +625,7 @@ class ApiGrpoRun:
             "updates": [u.to_dict() for u in self.updates],
             **({"transferred_from": self.transfer_info} if self.transferred is not None else {}),
         }
-        atomic("learned_behaviors.json", lambda f: f.write(json.dumps(library, indent=2) + "\n"))
-        atomic("summary.json", lambda f: f.write(json.dumps(summary, indent=2, default=str) + "\n"))
+        write_run_files(self.out, self.episodes, self.parts, library, summary)
         return summary
 
     def run(self) -> dict:

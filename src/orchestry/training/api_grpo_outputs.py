@@ -1,12 +1,17 @@
 """The tables of an API-GRPO run's outputs: the ``rewards.csv`` rows (:func:`trajectory_rows`), the human
 overrides it applied (:func:`override_summary`) and the with/without-guidelines comparison of its evaluation
-(:func:`compare_arms`; with a transferred library, none vs transferred vs learned: :func:`compare_transfer`)."""
+(:func:`compare_arms`; with a transferred library, none vs transferred vs learned: :func:`compare_transfer`),
+the cost block of ``summary.json`` (:func:`cost_summary`) and the four files written (:func:`write_run_files`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import csv
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-from orchestry.metrics import mean_ci
+from orchestry.analysis.metrics import mean_ci
 
 CSV_FIELDS = [
     "phase", "arm", "episode", "task_id", "trajectory", "selected", "in_final_beam", "value", "reward",
@@ -114,3 +119,62 @@ def compare_transfer(
         "confidence": confidence,
         "resamples": n_boot,
     }
+
+
+def cost_summary(total: dict, by_tag: dict, train_episodes: Sequence[dict], price: Any) -> dict:
+    """The ``cost`` block of ``summary.json``.
+
+    Args:
+        total: the run's cost tracker total (``CostTracker.total.to_dict()``): spent in this run, cache hits free.
+        by_tag: the same per tag (agent role, judge ...).
+        train_episodes: the training episodes' records (their ``cost``: ``usd``, ``tokens``, ``calls``,
+            ``cached_calls``, counted at the original price also when the cache served them).
+        price: the backend's :class:`orchestry.llm.cost.Price` (a free backend has both prices 0).
+
+    Returns:
+        ``total``'s fields, ``usd_total``/``tokens_total`` (spent in this run) and ``usd_per_episode``,
+        ``tokens_per_episode``, ``calls_per_episode`` (consumed per training episode: the price of an episode
+        without a cache; 0 without episodes), ``by_tag`` and ``free_backend``.
+    """
+    n = len(train_episodes)
+
+    def per_episode(value: float) -> float:
+        return value / n if n else 0.0
+
+    return {
+        **total,
+        "usd_total": total["usd"],
+        "tokens_total": total["tokens"],
+        "usd_per_episode": per_episode(sum(r["cost"]["usd"] for r in train_episodes)),
+        "tokens_per_episode": per_episode(sum(r["cost"]["tokens"] for r in train_episodes)),
+        "calls_per_episode": per_episode(
+            sum(r["cost"]["calls"] + r["cost"]["cached_calls"] for r in train_episodes)
+        ),
+        "by_tag": by_tag,
+        "free_backend": price.input_usd_per_mtok == 0 and price.output_usd_per_mtok == 0,
+    }
+
+
+def write_run_files(
+    out: Path, episodes: Sequence[dict], parts: Sequence[str], library: dict, summary: dict
+) -> None:
+    """Write ``episodes.jsonl``, ``rewards.csv`` (:func:`trajectory_rows`), ``learned_behaviors.json`` and
+    ``summary.json`` into ``out`` (created), each atomically: written to ``<name>.tmp``, then renamed over it,
+    so an interrupted run never leaves a half-written file."""
+    out.mkdir(parents=True, exist_ok=True)
+
+    def atomic(name: str, write: Callable) -> None:
+        tmp = out / (name + ".tmp")
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            write(f)
+        tmp.replace(out / name)
+
+    def write_csv(f) -> None:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS + [f"part_{k}" for k in parts])
+        w.writeheader()
+        w.writerows(trajectory_rows(episodes, parts))
+
+    atomic("episodes.jsonl", lambda f: f.writelines(json.dumps(r) + "\n" for r in episodes))
+    atomic("rewards.csv", write_csv)
+    atomic("learned_behaviors.json", lambda f: f.write(json.dumps(library, indent=2) + "\n"))
+    atomic("summary.json", lambda f: f.write(json.dumps(summary, indent=2, default=str) + "\n"))

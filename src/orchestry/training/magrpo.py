@@ -49,7 +49,8 @@ import torch
 from orchestry.algorithms.magrpo import group_advantages, k3_kl, micro_batch_loss
 from orchestry.algorithms.reinforce_pp import reinforce_pp_advantages, token_policy_loss
 from orchestry.config import SamplingParams, TrainMagrpoParams
-from orchestry.llm.local import adapter_parameters, bf16_autocast, completion_logprobs, resolve_bf16
+from orchestry.llm.local import adapter_parameters, completion_logprobs
+from orchestry.numerics import bf16_autocast, resolve_bf16
 from orchestry.problems import Problem
 from orchestry.rewards.coach import Coach
 from orchestry.training import batching, checkpoints, sampling, step_log

@@ -42,10 +42,10 @@ from orchestry.algorithms.orchestrator import (
     OrchestratorPolicy,
     Reinforce,
 )
+from orchestry.analysis.metrics import mean_ci
 from orchestry.llm.backends import BackendConfigError, make_backend
 from orchestry.llm.cache import CachedChat, ResponseCache
 from orchestry.llm.cost import BudgetExceeded, require_price
-from orchestry.metrics import mean_ci
 from orchestry.problems import Problem
 from orchestry.progress import progress_bar
 from orchestry.tasks.agent_pool import (

@@ -20,8 +20,8 @@ from orchestry.algorithms.orchestrator import (
     discounted_returns,
     step_rewards,
 )
+from orchestry.analysis.metrics import mean_ci
 from orchestry.llm.backends import ChatRequest
-from orchestry.metrics import mean_ci
 from orchestry.problems import Problem
 from orchestry.tasks.agent_pool import (
     TERMINATE,
@@ -35,7 +35,7 @@ from orchestry.tasks.agent_pool import (
 
 if TYPE_CHECKING:
     from orchestry.llm.encoder import SentenceEncoder
-    from orchestry.training.orchestrator import Clients
+    from orchestry.training.api_clients import Clients
 
 N_SCALARS = 10  # numeric state features besides the embeddings and the one-hot/count blocks
 

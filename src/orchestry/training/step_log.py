@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestry.analysis.schemes import scheme_distribution
 from orchestry.config import TrainMagrpoParams
-from orchestry.schemes import scheme_distribution
 from orchestry.training.common import Rollout, flat_groups
 
 
 def log_samples_table(samples: list[dict], step: int) -> None:
     """Step ``step``'s samples (as in ``reports/train/magrpo_samples.jsonl``, with a ``step`` column) as the
     MLflow table ``samples/train_step_<NNNN>.json`` of the active run; nothing without an active run."""
-    from orchestry.mlflow_models import log_samples_table as log_table
+    from orchestry.tracking.models import log_samples_table as log_table
 
     log_table([s for s in samples if s["step"] == step], f"samples/train_step_{step:04d}.json")
 

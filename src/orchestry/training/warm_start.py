@@ -27,7 +27,8 @@ from dataclasses import replace
 import torch
 
 from orchestry.generators.compositional import reference_decomposition
-from orchestry.llm.local import adapter_parameters, bf16_autocast, chat_prompt, completion_logprobs
+from orchestry.llm.local import adapter_parameters, chat_prompt, completion_logprobs
+from orchestry.numerics import bf16_autocast
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
 from orchestry.training.common import Trainer
 
@@ -123,13 +124,16 @@ def _batch(tokenizer, tokens: list[tuple[list[int], list[int]]]) -> tuple[torch.
     return ids, mask, P
 
 
-def warm_start(tr: Trainer, bf16: bool = False, epochs: int | None = None) -> dict:
+def warm_start(tr: Trainer, bf16: bool, epochs: int) -> dict:
     """Train each agent's adapter on its reference parts of ``tr.problems`` (module docstring): all of them, or
     the first ``cfg.warm_start_problems``.
 
-    ``epochs`` epochs (None: :func:`resolved_epochs`), batches of ``cfg.warm_start_batch`` examples in a seeded order per epoch
-    (``cfg.seed``), one clipped (``max_grad_norm``) AdamW step per batch. Every process of a data-parallel run
+    ``epochs`` epochs (the trainer passes :func:`resolved_epochs`), batches of ``cfg.warm_start_batch`` examples in
+    a seeded order per epoch (``cfg.seed``), one clipped (``max_grad_norm``) AdamW step per batch. Every process of a data-parallel run
     trains the same examples in the same order, so their adapters stay equal.
+
+    Args:
+        bf16: the update runs under bf16 autocast (:func:`orchestry.numerics.resolve_bf16`, as MAGRPO's update).
 
     Returns:
         ``{"epochs", "seconds", "examples", "steps", "loss/<agent>/first", "loss/<agent>/last"}``: the mean token loss
@@ -140,7 +144,6 @@ def warm_start(tr: Trainer, bf16: bool = False, epochs: int | None = None) -> di
     """
     cfg = tr.cfg
     t0 = time.time()
-    epochs = resolved_epochs(cfg, list(tr.problems)) if epochs is None else epochs
     problems = list(tr.problems)[: cfg.warm_start_problems or None]
     examples = warm_start_examples(problems, tr.tokenizer, cfg.warm_start_plain_prompts)
     out: dict = {"epochs": epochs, "examples": len(examples["main"]), "steps": 0}

@@ -32,7 +32,7 @@ in this execution: the parent run gets the tag ``cached_run.<stage>`` (``@`` wri
 newest FINISHED run of that stage whose ``outputs_digest`` is the digest of the outputs on disk, i.e. the run that
 made them (:func:`link_cached_stages`). Only upstream stages are linked, whose outputs are final when a stage that
 depends on them runs; ``plot`` depends on every stage, so its run links them all. ``orchestry compare`` reads a
-cached stage's metrics from the linked run (:func:`orchestry.compare.executions`).
+cached stage's metrics from the linked run (:func:`orchestry.reporting.compare.executions`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("orchestry.tracking")
+log = logging.getLogger("orchestry.tracking.runs")
 
 #: Seconds between two system-metrics samples of a stage run (MLflow's ``system/*`` metrics).
 SYSTEM_METRICS_INTERVAL_S = 10.0
@@ -223,7 +223,7 @@ def stage_run(
     Tags (parent and stage run): ``git_revision``, ``params_hash``, ``pipeline_execution`` (:func:`execution_key`),
     ``dvc_experiment`` (``DVC_EXP_NAME`` when set); the stage run also ``stage``, ``machine.<key>``
     (:func:`orchestry.numerics.machine_info`: CPU, flags, threads, kernels, numerics) and ``metric_vocabulary``
-    (:data:`orchestry.metric_names.VOCABULARY_TAG`: its metric names are those of ``docs/metrics.md``). The experiment gets the runs
+    (:data:`orchestry.tracking.metric_names.VOCABULARY_TAG`: its metric names are those of ``docs/metrics.md``). The experiment gets the runs
     table's view (:func:`set_runs_view`). The parent is marked RUNNING while a stage runs and ends with the status
     of the stage that ended last. The metric ``cost/wall_seconds`` is logged when the block ends; a FINISHED run of
     a ``dvc.yaml`` stage then tags its outputs and links the upstream stages DVC did not run
@@ -249,8 +249,8 @@ def stage_run(
     set_runs_view(client, experiment_id)
     parent_id = parent_run_id(experiment_id, execution)
     client.update_run(parent_id, status="RUNNING")
-    from orchestry.metric_names import VOCABULARY_TAG, VOCABULARY_VERSION
     from orchestry.numerics import machine_info
+    from orchestry.tracking.metric_names import VOCABULARY_TAG, VOCABULARY_VERSION
 
     tags = {**execution, "pipeline_execution": execution_key(execution), "stage": stage,
             "mlflow.parentRunId": parent_id, VOCABULARY_TAG: VOCABULARY_VERSION,
@@ -560,7 +560,7 @@ def log_execution_metrics(reports: str | Path = "reports", run_id: str | None = 
         run_id = active.data.tags.get("mlflow.parentRunId") if active is not None else None
         if run_id is None:
             raise RuntimeError(
-                "log_execution_metrics needs run_id or an active stage run (tracking.stage_run)"
+                "log_execution_metrics needs run_id or an active stage run (tracking.runs.stage_run)"
             )
     metrics = execution_metrics(reports)
     if metrics:

@@ -3,7 +3,7 @@
 :func:`evaluate_agents` samples both agent pairs from one peft model (the base pair with the adapters disabled,
 as the naive ``concat`` method; the trained pair with the ``helper``/``main`` adapters, as ``magrpo``), scores
 every sample with the level reward in the sandbox and summarises each pair with
-:func:`orchestry.metrics.summarize` (pass@k, accuracy@k, mean reward with its bootstrap interval over problems,
+:func:`orchestry.analysis.metrics.summarize` (pass@k, accuracy@k, mean reward with its bootstrap interval over problems,
 each level, cooperation rate, tokens). ``orchestry evaluate`` runs it on any HumanEval-format file.
 """
 
@@ -73,11 +73,11 @@ def evaluate_agents(
 
     Yields:
         ``("base", records, summary)`` then ``("magrpo", records, summary)``: one record per (problem, sample)
-        (:func:`orchestry.baselines.run_method`; base records carry ``method="base"``) and the
-        :func:`orchestry.metrics.summarize` dict plus ``seconds`` (wall seconds of the pair).
+        (:func:`orchestry.evaluation.baselines.run_method`; base records carry ``method="base"``) and the
+        :func:`orchestry.analysis.metrics.summarize` dict plus ``seconds`` (wall seconds of the pair).
     """
-    from orchestry.baselines import run_method
-    from orchestry.metrics import summarize
+    from orchestry.analysis.metrics import summarize
+    from orchestry.evaluation.baselines import run_method
 
     ks = sorted({1, num_samples})
     for name, use_adapters in PAIRS:
@@ -124,7 +124,7 @@ def later_turns(
     Returns:
         the records, each replaced by its last turn's (same order).
     """
-    from orchestry.baselines import sample_texts
+    from orchestry.evaluation.baselines import sample_texts
     from orchestry.llm.local import chat_prompt
     from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM
     from orchestry.rewards.code import level_rewards
@@ -188,7 +188,7 @@ def evaluate_workflow(
     Args:
         model: a peft model with adapters ``writer``, ``tester``, ``fixer``.
     """
-    from orchestry.metrics import summarize
+    from orchestry.analysis.metrics import summarize
     from orchestry.training.common import BASE, WORKFLOW_AGENTS
     from orchestry.training.workflows import workflow_rollout
 
@@ -212,7 +212,7 @@ def evaluate_workflow(
 
 def trained_minus_base(base: Sequence[dict], trained: Sequence[dict], intervals: IntervalsParams) -> dict:
     """Trained pair minus base pair on the same problems, paired by problem, with percentile bootstrap intervals
-    over problems (:func:`orchestry.compare.paired_comparison`, ``intervals.resamples`` resamples).
+    over problems (:func:`orchestry.reporting.compare.paired_comparison`, ``intervals.resamples`` resamples).
 
     Metrics (:data:`PAIRED_METRICS`): ``pass`` (pass@1: share of samples passing every assert), ``total`` (level
     reward, 0-4), ``coop_rate`` (gated cooperation rate: cooperation bonus > 0), ``aux_called`` (ungated: main
@@ -221,7 +221,7 @@ def trained_minus_base(base: Sequence[dict], trained: Sequence[dict], intervals:
     Returns:
         ``{metric: {"base", "trained", "diff", "diff_ci_low", "diff_ci_high", "excludes_zero", "n_problems"}}``.
     """
-    from orchestry.compare import paired_comparison
+    from orchestry.reporting.compare import paired_comparison
 
     df = paired_comparison(base, trained, PAIRED_METRICS, intervals.confidence, intervals.resamples)
     return {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from orchestry.report_format import (
+from orchestry.reporting.report_format import (
     ReportError,
     _code,
     _get,

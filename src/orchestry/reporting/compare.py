@@ -14,9 +14,9 @@ stores it (``pass@1`` is ``pass_at_1``); either spelling is accepted.
 
 A stage DVC did not run in an execution (its outputs unchanged or restored from DVC's cache) has no run there; its
 metrics come from the run that the parent run links (tag ``cached_run.<stage>``,
-:func:`orchestry.tracking.link_cached_stages`): the run that made the outputs the execution used.
+:func:`orchestry.tracking.runs.link_cached_stages`): the run that made the outputs the execution used.
 
-Metric names are those of ``docs/metrics.md`` (:mod:`orchestry.metric_names`). Stage runs logged before that
+Metric names are those of ``docs/metrics.md`` (:mod:`orchestry.tracking.metric_names`). Stage runs logged before that
 vocabulary (no tag ``metric_vocabulary``) are read under the new names too (:func:`upgrade_legacy_metrics`), and a
 ``stage:metric`` written with an old name (``evaluate:magrpo/reward``) reads the new one (``test/magrpo/reward``).
 """
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestry.metric_names import PREFIXES, VOCABULARY_TAG, legacy_name
-from orchestry.tracking import CACHED_RUN_PREFIX, cached_run_tag, metric_name
+from orchestry.tracking.metric_names import PREFIXES, VOCABULARY_TAG, legacy_name
+from orchestry.tracking.runs import CACHED_RUN_PREFIX, cached_run_tag, metric_name
 
 #: Evaluate's trained and base rewards on the test split (max 4.0), the trained pair's cooperation rate and
 #: pass@1, and MAGRPO's training reward (last quarter of the steps, and last minus first quarter).
@@ -238,7 +238,7 @@ SAMPLE_METRICS = (
 
 
 def _sample_value(r: dict, key: str) -> float | None:
-    from orchestry.metrics import is_pass
+    from orchestry.analysis.metrics import is_pass
 
     if key == "pass":
         return float(is_pass(r))
@@ -308,7 +308,7 @@ def paired_comparison(
     Raises:
         CompareError: an empty input, an unknown metric, or no problem in common.
     """
-    from orchestry.metrics import bootstrap_ci
+    from orchestry.analysis.metrics import bootstrap_ci
 
     if not reference or not other:
         raise CompareError("both sample files need at least one record")

@@ -4,8 +4,8 @@ Sections: the metrics table of all methods with bootstrap confidence intervals, 
 with vs without its learned behaviours, the learned orchestrator vs fixed pipelines, cost per method (tokens,
 wall seconds, USD), every figure under ``reports/figures/``, one example of each cooperation scheme, and the best
 and worst transcript of each evaluated method.
-Reading the inputs and formatting values: :mod:`orchestry.report_format`; the scheme and transcript sections:
-:mod:`orchestry.report_samples`.
+Reading the inputs and formatting values: :mod:`orchestry.reporting.report_format`; the scheme and transcript sections:
+:mod:`orchestry.reporting.report_samples`.
 
 Inputs, all under ``<root>/reports/`` (the committed outputs of the DVC stages): ``metrics.json`` (evaluate),
 ``baselines/*.json(l)`` (baselines), ``eval/*.jsonl`` (evaluate), ``schemes.json`` and ``schemes_samples.jsonl``
@@ -18,7 +18,7 @@ The page states its provenance (:func:`provenance`): when it was made (UTC), the
 ``params.yaml``, the DVC experiment and, when it is built inside an MLflow stage run (the ``plot`` stage), links to
 the pipeline execution's parent run, to each stage run of that execution and, per figure, to the figure logged
 in the ``plot`` run. Those are the only absolute links: they point at the MLflow UI that ``orchestry ui`` serves
-(:func:`orchestry.tracking.ui_base`) and work while it runs.
+(:func:`orchestry.tracking.runs.ui_base`) and work while it runs.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestry.report_format import (
+from orchestry.reporting.report_format import (
     ReportError,
     _ci,
     _ci_dict,
@@ -46,8 +46,8 @@ from orchestry.report_format import (
     _table,
     _usd,
 )
-from orchestry.report_samples import _records, _schemes_section, _transcripts_section
-from orchestry.results import results_note, results_rows
+from orchestry.reporting.report_samples import _records, _schemes_section, _transcripts_section
+from orchestry.reporting.results import results_note, results_rows
 
 #: Figures in page order, with their captions; any other ``figures/*.png`` follows under its file name.
 FIGURES = {
@@ -67,7 +67,7 @@ FIGURES = {
     "orchestrator_transitions.png": "Learned orchestrator: transitions between agents (which agent acts next).",
 }
 
-#: One line per scheme of :data:`orchestry.schemes.SCHEMES` (the module docstring has the exact rules).
+#: One line per scheme of :data:`orchestry.analysis.schemes.SCHEMES` (the module docstring has the exact rules).
 
 #: Column of the orchestrator tables: the summary's ``objective``, the undiscounted return of Puppeteer's rewards
 #: (R_t = -lambda c_t, then R_T = r - lambda C_T): r - 2 lambda C, each cost counted once while running and once at
@@ -405,12 +405,12 @@ def provenance(root: Path = Path(".")) -> dict[str, Any]:
     Returns:
         ``date`` (UTC, ISO 8601 to the second), ``git_revision`` (a commit, ``+dirty`` when the work tree has
         changes, or ``unknown``), ``params_hash`` (SHA-256 of ``root/params.yaml``), ``dvc_experiment`` (or None)
-        and ``mlflow``: None, or, inside an active MLflow run (a stage run of :func:`orchestry.tracking.stage_run`),
+        and ``mlflow``: None, or, inside an active MLflow run (a stage run of :func:`orchestry.tracking.runs.stage_run`),
         ``{"ui", "experiment_id", "run_id", "parent_id", "stages": {stage: run_id}}`` with the newest run of each
         stage of the same pipeline execution (children of ``parent_id``). Inside a stage run, the git revision,
         params hash and DVC experiment are the run's tags (what MLflow shows).
     """
-    from orchestry import tracking
+    from orchestry.tracking import runs as tracking
 
     info: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -465,7 +465,7 @@ def _training_machine(summary: Mapping[str, Any]) -> str | None:
 
 
 def _provenance_section(info: Mapping[str, Any], machine: str | None = None) -> str:
-    from orchestry.tracking import run_url
+    from orchestry.tracking.runs import run_url
 
     rows = [
         {"": "made (UTC)", "value": info.get("date")},
@@ -547,7 +547,7 @@ def write_report(
     ml = source.get("mlflow") or {}
     figure_url = None
     if ml.get("run_id"):
-        from orchestry.tracking import run_url
+        from orchestry.tracking.runs import run_url
 
         def figure_url(name: str) -> str:
             return run_url(ml["experiment_id"], ml["run_id"], ml["ui"]) + f"/artifacts/figures/{name}"
@@ -586,7 +586,7 @@ def write_report(
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>Orchestry report</title><style>{CSS}</style></head><body>"
         "<h1>Orchestry report</h1>"
-        '<p class="note">Made by the <code>plot</code> stage (<code>orchestry.report.write_report</code>) from '
+        '<p class="note">Made by the <code>plot</code> stage (<code>orchestry.reporting.report.write_report</code>) from '
         "the pipeline's outputs under <code>reports/</code>; re-made by <code>dvc repro</code>.</p>"
         f"<nav><ul>{nav}</ul></nav>{body}"
         f'<section id="sources"><h2>Source files</h2><ul>{links}</ul></section>'

@@ -20,7 +20,7 @@ Otherwise it raises :class:`BaseModelNotFound` naming the folders tried and the 
 ``predict`` takes a DataFrame with a ``prompt`` column (a HumanEval prompt: signature and docstring; an optional
 ``entry_point`` column, else the last top-level ``def`` of the prompt) and returns one row per prompt with the
 ``helper`` and ``main`` completions and the code extracted from each (``helper_code``, ``main_code``), made
-exactly as ``evaluate`` makes them (:func:`orchestry.baselines.sample_texts` on the role prompts of
+exactly as ``evaluate`` makes them (:func:`orchestry.evaluation.baselines.sample_texts` on the role prompts of
 :class:`orchestry.problems.Problem`, both agents in one batched ``generate`` with per-row adapters). Inference
 params (all optional): ``max_new_tokens`` (default: the registered ``sampling.max_completion_length``),
 ``temperature`` (default 0: greedy), ``top_p`` (1.0), ``seed`` (0), ``batch_size`` (32).
@@ -49,7 +49,7 @@ import pandas as pd
 
 from orchestry.fingerprint import update_with_head_and_tail
 
-log = logging.getLogger("orchestry.mlflow_models")
+log = logging.getLogger("orchestry.tracking.models")
 
 REGISTERED_NAME = "orchestry-magrpo"
 #: Alias of the newest registered version (``models:/orchestry-magrpo@newest``); MLflow reserves ``latest``.
@@ -195,8 +195,8 @@ class MagrpoAgents(mlflow.pyfunc.PythonModel):
         Raises:
             ValueError: no ``prompt`` column, or a prompt without a function and no ``entry_point``.
         """
-        from orchestry.baselines import sample_texts
         from orchestry.config import SamplingParams
+        from orchestry.evaluation.baselines import sample_texts
         from orchestry.llm.local import chat_prompt
         from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
         from orchestry.rewards.code import extract_code
@@ -277,7 +277,7 @@ def register_adapters(
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
     if mlflow.active_run() is None:
-        raise RuntimeError("register_adapters needs an active MLflow run (e.g. inside tracking.stage_run)")
+        raise RuntimeError("register_adapters needs an active MLflow run (e.g. inside tracking.runs.stage_run)")
     adapters_dir = Path(adapters_dir)
     for agent in AGENTS:
         if not (adapters_dir / agent / "adapter_config.json").is_file():
@@ -320,7 +320,7 @@ def register_adapters(
     # "models from code": MLflow stores this file, not a pickle of the class
     code = Path(tempfile.mkdtemp()) / "magrpo_agents.py"
     code.write_text(
-        "import mlflow\n\nfrom orchestry.mlflow_models import MagrpoAgents\n\nmlflow.models.set_model(MagrpoAgents())\n"
+        "import mlflow\n\nfrom orchestry.tracking.models import MagrpoAgents\n\nmlflow.models.set_model(MagrpoAgents())\n"
     )
     info = mlflow.pyfunc.log_model(
         name=artifact_name,
@@ -336,7 +336,7 @@ def register_adapters(
     client = mlflow.MlflowClient()
     version = str(info.registered_model_version)
     run_tags = client.get_run(mlflow.active_run().info.run_id).data.tags
-    from orchestry.tracking import git_revision, params_hash
+    from orchestry.tracking.runs import git_revision, params_hash
 
     origin = {
         "params_hash": run_tags.get("params_hash") or params_hash(),

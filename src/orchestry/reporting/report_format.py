@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestry.plots import METHOD_LABELS
+from orchestry.reporting.plots import METHOD_LABELS
 
 
 class ReportError(ValueError):

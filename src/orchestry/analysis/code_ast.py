@@ -2,7 +2,7 @@
 binds, how an entry point calls or references a helper function (``aux``), and whether its body only wraps it.
 
 The reward (:mod:`orchestry.rewards.code`), the tasks (:mod:`orchestry.tasks`) and scheme detection
-(:mod:`orchestry.schemes`) read models' code through this module, so all of them see the same definitions and
+(:mod:`orchestry.analysis.schemes`) read models' code through this module, so all of them see the same definitions and
 calls. Nothing here runs the code.
 
 Scoping: a name ``aux`` bound inside the entry point (parameter, assignment, loop/with/except target, import,
@@ -43,7 +43,7 @@ class AuxCallInfo:
         redefines_aux: main's module binds ``aux`` itself (``def aux``, ``aux = ...``, ``import .. as aux``).
         signals: the evidence found (``try``, ``none_check``, ``or_default``, ``test``, ``filter``, ``loop``,
             ``passed``, ``multi``), for debugging and tests.
-        scheme: one of :data:`orchestry.schemes.SCHEMES`, set by :func:`orchestry.schemes.aux_call_info`
+        scheme: one of :data:`orchestry.analysis.schemes.SCHEMES`, set by :func:`orchestry.analysis.schemes.aux_call_info`
             (``"none"`` as :func:`aux_uses` returns it).
     """
 
@@ -541,7 +541,7 @@ def aux_uses(main_code: str, entry_point: str | None = None, aux_name: str = "au
         aux_name: the helper's function name.
 
     Returns:
-        An :class:`AuxCallInfo` whose ``scheme`` is left ``"none"`` (:func:`orchestry.schemes.aux_call_info`
+        An :class:`AuxCallInfo` whose ``scheme`` is left ``"none"`` (:func:`orchestry.analysis.schemes.aux_call_info`
         names the scheme from ``signals``); never raises (unparsable or pathological code gives
         ``parsed=False``).
     """

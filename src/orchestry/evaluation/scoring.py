@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestry.analysis.schemes import SCHEMES
 from orchestry.problems import Problem, ProblemFormatError, load_problems
 from orchestry.rewards.code import LevelReward, RewardConfig, level_rewards, single_rewards
-from orchestry.schemes import SCHEMES
 
 if TYPE_CHECKING:
     from orchestry.sandbox import Sandbox

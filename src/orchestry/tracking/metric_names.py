@@ -24,7 +24,7 @@ from collections.abc import Mapping
 VOCABULARY_TAG = "metric_vocabulary"
 VOCABULARY_VERSION = "2"
 
-#: Keys of an evaluation summary (:func:`orchestry.metrics.summarize`) that are costs, and their names under
+#: Keys of an evaluation summary (:func:`orchestry.analysis.metrics.summarize`) that are costs, and their names under
 #: ``cost/<method>/``: mean tokens per sample and the method's wall seconds.
 _COST_KEYS = {
     "prompt_tokens": "prompt_tokens_per_sample",
@@ -76,7 +76,7 @@ def magrpo_summary_metrics(summary: Mapping[str, object]) -> dict[str, object]:
 
 
 def method_metrics(split: str, method: str, summary: Mapping[str, object]) -> dict[str, object]:
-    """One method's evaluation summary (:func:`orchestry.metrics.summarize`) on ``split`` (``test``,
+    """One method's evaluation summary (:func:`orchestry.analysis.metrics.summarize`) on ``split`` (``test``,
     ``transfer/<set>`` or ``val``): quality under ``<split>/<method>/<key>``, the cost keys (mean tokens per
     sample, seconds) under ``cost/<method>/`` on the test split and ``cost/<split>/<method>/`` otherwise."""
     cost = f"cost/{method}" if split == "test" else f"cost/{split}/{method}"
@@ -148,7 +148,7 @@ def _api_grpo_eval_name(name: str) -> str | None:
 
 
 def api_grpo_summary_name(key: str) -> str | None:
-    """The MLflow name of one flattened key (``orchestry.metrics.flat_numbers``) of
+    """The MLflow name of one flattened key (``orchestry.analysis.metrics.flat_numbers``) of
     ``reports/api_grpo/summary.json``, or None when it is not logged (constants, per-tag cost breakdown)."""
     if key.startswith("cost/by_tag") or key in ("max_reward", "eval/max_reward", "eval/confidence",
                                                  "eval/resamples"):  # fmt: skip

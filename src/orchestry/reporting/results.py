@@ -3,7 +3,7 @@
 Read from ``reports/metrics.json`` (the ``evaluate`` stage): the test split of the training source and every
 transfer set (``prepare.transfer``, e.g. HumanEval's test problems). Each cell is a mean with its bootstrap
 interval over problems; the last row of each set is the trained pair minus the base pair on the same problems
-(paired bootstrap, :func:`orchestry.evaluation.trained_minus_base`). The ``plot`` stage writes it to
+(paired bootstrap, :func:`orchestry.evaluation.agents.trained_minus_base`). The ``plot`` stage writes it to
 ``reports/results.md``; README.md carries a copy that a test keeps equal to it.
 """
 

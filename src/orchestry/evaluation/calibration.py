@@ -3,8 +3,8 @@
 For each difficulty, :func:`calibrate` generates problems with
 :func:`orchestry.generators.compositional.generate` (at most the pool of valid compositions), samples the base
 pair (``concat``: helper and main written independently, no adapters) and the single agent (one model writes
-the entry point) with :func:`orchestry.baselines.run_method`, and summarises each with
-:func:`orchestry.metrics.summarize`. One row per difficulty: pass@1 of the pair with its percentile-bootstrap
+the entry point) with :func:`orchestry.evaluation.baselines.run_method`, and summarises each with
+:func:`orchestry.analysis.metrics.summarize`. One row per difficulty: pass@1 of the pair with its percentile-bootstrap
 interval over problems, the single agent's pass@1, the pair's mean reward (max 4.0), truncation rate, tokens
 per completion and aux-call rate. ``orchestry calibrate`` writes the rows to ``reports/calibration.json`` and a
 markdown table to ``reports/calibration.md`` (:func:`write_reports`). Documented in docs/problems.md.
@@ -74,9 +74,9 @@ def row_of(
     Returns:
         ``(row, summaries)``: the row's values (rates in 0..1; ``pair_pass@1_ci_low/high`` the bootstrap
         interval over problems of the per-problem pass@1) and ``{"pair": ..., "single": ...}``, the
-        :func:`orchestry.metrics.summarize` dict of each method.
+        :func:`orchestry.analysis.metrics.summarize` dict of each method.
     """
-    from orchestry.metrics import summarize
+    from orchestry.analysis.metrics import summarize
 
     iv = intervals or IntervalsParams()
     ps = summarize(pair, [1], iv.confidence, iv.resamples)
@@ -141,7 +141,7 @@ def calibrate(
         ``(rows, summaries)``: one :func:`row_of` row per difficulty (plus ``seconds``) and, per difficulty,
         each method's full summary.
     """
-    from orchestry.baselines import run_method
+    from orchestry.evaluation.baselines import run_method
 
     rows: list[dict] = []
     summaries: dict[int, dict] = {}
@@ -250,7 +250,7 @@ def write_reports(
         "- truncated: share of the pair's completions (helper and main counted separately) that hit the token "
         "limit; tokens / completion: their mean completion tokens; aux called: share of pair samples whose "
         "main calls `aux`.\n"
-        "- Every metric of both methods (orchestry.metrics.summarize) is in "
+        "- Every metric of both methods (orchestry.analysis.metrics.summarize) is in "
         "[calibration.json](calibration.json); the problems are described in "
         "[docs/problems.md](../docs/problems.md).\n"
     )

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestry.metrics import bootstrap_ci
-from orchestry.tracking import _flatten
+from orchestry.analysis.metrics import bootstrap_ci
+from orchestry.tracking.runs import _flatten
 
 
 def _runs(nodes: list) -> Iterator[dict]:
@@ -160,17 +160,17 @@ def preset_overrides(preset: str | Path, params: str | Path = "params.yaml") -> 
     here with the params error, before any experiment is queued.
 
     Raises:
-        orchestry.config.ParamsError: the preset is not a mapping, or the patched params are invalid.
+        orchestry.params_file.ParamsError: the preset is not a mapping, or the patched params are invalid.
     """
     import copy
 
     import yaml
 
-    from orchestry.config import ParamsError, _UniqueKeyLoader, parse_params
+    from orchestry.params_file import ParamsError, UniqueKeyLoader, parse_params
 
     text = Path(preset).read_text()
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ParamsError(f"{preset}: {e}") from e
     if not isinstance(data, dict) or not data:
@@ -194,9 +194,10 @@ def preset_overrides(preset: str | Path, params: str | Path = "params.yaml") -> 
     ]
 
 
-if __name__ == "__main__":  # python -m orchestry.experiments overrides PRESET: the -S arguments of a preset
+# python -m orchestry.reporting.experiments overrides PRESET: the -S arguments of a preset
+if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 3 or sys.argv[1] != "overrides":
-        sys.exit("usage: python -m orchestry.experiments overrides configs/experiments/NAME.yaml")
+        sys.exit("usage: python -m orchestry.reporting.experiments overrides configs/experiments/NAME.yaml")
     print(" ".join(f"-S {o}" for o in preset_overrides(sys.argv[2])))
