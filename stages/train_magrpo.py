@@ -27,6 +27,7 @@ from orchestry.runtime import (
     build_policy,
     open_sandbox,
     relaunch_under_accelerate,
+    repo_root,
     stage_inputs_key,
     start_stage,
     write_json,
@@ -34,7 +35,7 @@ from orchestry.runtime import (
 )
 from orchestry.tracking.metric_names import magrpo_step_metrics, magrpo_summary_metrics
 from orchestry.tracking.models import register_adapters
-from orchestry.tracking.runs import log_metrics, repo_root, stage_run
+from orchestry.tracking.runs import log_metrics, stage_run
 from orchestry.training.batching import process_group
 from orchestry.training.magrpo import MAGRPOTrainer, agent_names
 

@@ -22,7 +22,8 @@ from orchestry.tracking.runs import OUTPUTS_TAG, cached_run_tag, outputs_digest
 TRAIN = """
 import json, pathlib, sys, yaml
 import mlflow
-from orchestry.tracking.runs import repo_root, stage_run
+from orchestry.tracking.runs import stage_run
+from orchestry.runtime import repo_root
 
 m = sys.argv[1]
 params = yaml.safe_load(open("params.yaml"))

@@ -18,7 +18,8 @@ from orchestry.smoke import clean_env
 
 TRAIN = """
 import hashlib, json, os, pathlib, shutil, yaml
-from orchestry.tracking.runs import repo_root, stage_run
+from orchestry.tracking.runs import stage_run
+from orchestry.runtime import repo_root
 
 params = yaml.safe_load(open("params.yaml"))
 with open(repo_root() / "train_executions.log", "a") as f:  # the real repository: proves the script ran

@@ -124,8 +124,8 @@ def later_turns(
     Returns:
         the records, each replaced by its last turn's (same order).
     """
-    from orchestry.evaluation.baselines import sample_texts
     from orchestry.llm.local import chat_prompt
+    from orchestry.llm.sampling import sample_texts
     from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM
     from orchestry.rewards.code import level_rewards
     from orchestry.tasks.multi_turn import feedback_text, next_turn_prompts

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from orchestry.config import SamplingParams
-from orchestry.llm.local import chat_prompt, generate
+from orchestry.llm.local import chat_prompt
+from orchestry.llm.sampling import SampledText, sample_texts
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, SINGLE_SYSTEM, Problem
 from orchestry.progress import progress_bar
 from orchestry.rewards.code import extract_code, level_rewards, single_rewards
@@ -32,65 +32,15 @@ from orchestry.rewards.code import extract_code, level_rewards, single_rewards
 METHODS = ("single", "concat", "sequential", "discussion", "magrpo")
 
 
-@dataclass
-class _Gen:
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    seconds: float
-    truncated: bool = False  # the (last round's) completion reached max_completion_length
-
-
-def _revised(draft: _Gen, revision: _Gen) -> _Gen:
+def _revised(draft: SampledText, revision: SampledText) -> SampledText:
     """The revision's text, with the tokens and seconds of the draft and the revision together."""
-    return _Gen(
+    return SampledText(
         revision.text,
         draft.prompt_tokens + revision.prompt_tokens,
         draft.completion_tokens + revision.completion_tokens,
         draft.seconds + revision.seconds,
         revision.truncated,
     )
-
-
-def sample_texts(
-    model,
-    tokenizer,
-    prompts: Sequence[str],
-    adapters: Sequence[str] | None,
-    sampling: SamplingParams,
-    seed: int,
-    batch_size: int = 32,
-    bar=None,
-) -> list[_Gen]:
-    """Sample one completion per rendered prompt, ``batch_size`` rows per ``generate`` call.
-
-    ``bar``: an optional progress bar (:func:`orchestry.progress.progress_bar`) advanced by one per call, its
-    postfix the call's completion tokens per second.
-    """
-    out: list[_Gen] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = list(prompts[start : start + batch_size])
-        ad = list(adapters[start : start + batch_size]) if adapters is not None else None
-        b = generate(
-            model,
-            tokenizer,
-            chunk,
-            ad,
-            max_new_tokens=sampling.max_completion_length,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=seed + start,
-        )
-        per_row = b.seconds / max(1, len(chunk))
-        limit = sampling.max_completion_length
-        out += [
-            _Gen(i.text, i.prompt_tokens, i.completion_tokens, per_row, i.completion_tokens >= limit)
-            for i in b.items
-        ]
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(tok_s=f"{sum(i.completion_tokens for i in b.items) / max(b.seconds, 1e-9):.0f}")
-    return out
 
 
 def _revise_helper_prompt(p: Problem, own: str, other: str) -> str:
@@ -162,8 +112,8 @@ def run_method(
             model, tokenizer, prompts, ad(agent, len(prompts)), sampling, seed + offset, batch_size, gen_bar
         )
 
-    helpers: list[_Gen] = []
-    mains: list[_Gen]
+    helpers: list[SampledText] = []
+    mains: list[SampledText]
     if method == "single":
         mains = sample([render(SINGLE_SYSTEM, p.single_prompt()) for p, _ in jobs], "main", 0)
     elif method in ("concat", "magrpo"):
@@ -250,7 +200,7 @@ def run_method(
             score_bar.set_postfix(reward=f"{sum(r.total for r in rewards) / len(rewards):.3f}")
     records = []
     for i, ((p, s), r) in enumerate(zip(jobs, rewards, strict=True)):
-        h = helpers[i] if helpers else _Gen("", 0, 0, 0.0)
+        h = helpers[i] if helpers else SampledText("", 0, 0, 0.0)
         m = mains[i]
         rec = {
             "method": method,

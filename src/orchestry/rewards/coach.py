@@ -217,7 +217,7 @@ def open_coach(cfg, model_path: str = "models/base", model_dtype: str = "float32
     from orchestry.llm.backends import make_backend
     from orchestry.llm.cache import CachedChat, ResponseCache
     from orchestry.llm.cost import CostTracker, require_price
-    from orchestry.tracking.runs import repo_root
+    from orchestry.runtime import repo_root
 
     local = cfg.backend == "local"
     backend = make_backend(cfg.backend, cfg.model, base_url=cfg.base_url, api_key_env=cfg.api_key_env,

@@ -20,7 +20,7 @@ Otherwise it raises :class:`BaseModelNotFound` naming the folders tried and the 
 ``predict`` takes a DataFrame with a ``prompt`` column (a HumanEval prompt: signature and docstring; an optional
 ``entry_point`` column, else the last top-level ``def`` of the prompt) and returns one row per prompt with the
 ``helper`` and ``main`` completions and the code extracted from each (``helper_code``, ``main_code``), made
-exactly as ``evaluate`` makes them (:func:`orchestry.evaluation.baselines.sample_texts` on the role prompts of
+exactly as ``evaluate`` makes them (:func:`orchestry.llm.sampling.sample_texts` on the role prompts of
 :class:`orchestry.problems.Problem`, both agents in one batched ``generate`` with per-row adapters). Inference
 params (all optional): ``max_new_tokens`` (default: the registered ``sampling.max_completion_length``),
 ``temperature`` (default 0: greedy), ``top_p`` (1.0), ``seed`` (0), ``batch_size`` (32).
@@ -196,8 +196,8 @@ class MagrpoAgents(mlflow.pyfunc.PythonModel):
             ValueError: no ``prompt`` column, or a prompt without a function and no ``entry_point``.
         """
         from orchestry.config import SamplingParams
-        from orchestry.evaluation.baselines import sample_texts
         from orchestry.llm.local import chat_prompt
+        from orchestry.llm.sampling import sample_texts
         from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
         from orchestry.rewards.code import extract_code
 
@@ -277,7 +277,9 @@ def register_adapters(
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
     if mlflow.active_run() is None:
-        raise RuntimeError("register_adapters needs an active MLflow run (e.g. inside tracking.runs.stage_run)")
+        raise RuntimeError(
+            "register_adapters needs an active MLflow run (e.g. inside tracking.runs.stage_run)"
+        )
     adapters_dir = Path(adapters_dir)
     for agent in AGENTS:
         if not (adapters_dir / agent / "adapter_config.json").is_file():

@@ -50,6 +50,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestry.runtime import repo_root
+
 log = logging.getLogger("orchestry.tracking.runs")
 
 #: Seconds between two system-metrics samples of a stage run (MLflow's ``system/*`` metrics).
@@ -90,11 +92,6 @@ class StageTerminated(SystemExit):
 #: the trial's number, tagged on every run of that execution (:func:`pipeline_execution`).
 TUNE_STUDY_ENV = "ORCHESTRY_TUNE_STUDY"
 TUNE_TRIAL_ENV = "ORCHESTRY_TUNE_TRIAL"
-
-
-def repo_root() -> Path:
-    """``DVC_ROOT`` if set, else the current working directory."""
-    return Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
 
 
 def tracking_uri(override: str | None = None) -> str:

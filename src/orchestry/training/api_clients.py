@@ -42,7 +42,7 @@ class Clients:
 
 def resolve_path(path: str | Path) -> Path:
     """``path`` relative to the repository root (``DVC_ROOT`` in DVC experiments), absolute kept."""
-    from orchestry.tracking.runs import repo_root
+    from orchestry.runtime import repo_root
 
     p = Path(path)
     return p if p.is_absolute() else repo_root() / p
@@ -51,7 +51,7 @@ def resolve_path(path: str | Path) -> Path:
 def repo_relative(path: str | Path) -> str:
     """The inverse of :func:`resolve_path`: ``path`` relative to the repository root when it lies inside it (so
     the metrics a stage writes do not depend on where the repository was cloned), else as given."""
-    from orchestry.tracking.runs import repo_root
+    from orchestry.runtime import repo_root
 
     try:
         return Path(path).resolve().relative_to(repo_root()).as_posix()
