@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
+from orchestry.algorithms.kl import token_kl
 from orchestry.algorithms.reinforce_pp import (
     estimate_advantages,
     masked_whiten,
     reinforce_pp_advantages,
-    token_kl,
 )
 
 # A 2x3 batch: completion 0 has 3 tokens (reward 1), completion 1 has 2 tokens + 1 padding (reward 0).
@@ -90,3 +90,16 @@ def test_dispatcher_group_estimators_by_hand() -> None:
         estimate_advantages("ppo", r)
     with pytest.raises(ValueError, match="takes only"):
         estimate_advantages("rloo", r, beta=0.1)
+
+
+def test_magrpo_k3_is_the_shared_estimator_unclamped_and_masked():
+    """MAGRPO's loss term sums the one k3 estimator over the completion's tokens, without REINFORCE++'s clamp;
+    padding (mask 0) adds nothing, whatever its log-probs."""
+    from orchestry.algorithms.magrpo import k3_kl
+
+    logp = torch.tensor([[-20.0, -1.0, 7.0]])
+    ref = torch.tensor([[0.0, -1.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    want = (math.exp(20.0) - 20.0 - 1) + (math.exp(-0.5) + 0.5 - 1)
+    assert k3_kl(logp, ref, mask).item() == pytest.approx(want, rel=1e-6)
+    assert token_kl(logp, ref, "k3")[0, 0].item() == 10.0  # the clamped form REINFORCE++ uses

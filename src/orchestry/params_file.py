@@ -105,11 +105,12 @@ def parse_params(data: dict | None, source: str = "params.yaml") -> Params:
         raise ParamsError(format_validation_error(e, source)) from None
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate ``params.yaml`` (see :func:`parse_params`).
+def read_params_mapping(path: str | Path = "params.yaml") -> dict:
+    """The mapping a params file holds, read strictly (:class:`UniqueKeyLoader`) but not validated: for code that
+    patches or flattens it (experiment presets, searches, the smoke copy, MLflow params).
 
     Raises:
-        ParamsError: the file is missing or unreadable, not YAML, has a key twice, or a bad key/value.
+        ParamsError: the file is missing or unreadable, not YAML, has a key twice, or is not a mapping.
     """
     path = Path(path)
     if not path.exists():
@@ -126,4 +127,13 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raise ParamsError(f"{path} is not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise ParamsError(f"{path} must be a mapping of sections, got {type(data).__name__}")
-    return parse_params(data, str(path))
+    return data
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read (:func:`read_params_mapping`) and validate (:func:`parse_params`) ``params.yaml``.
+
+    Raises:
+        ParamsError: the file is missing or unreadable, not YAML, has a key twice, or a bad key/value.
+    """
+    return parse_params(read_params_mapping(path), str(Path(path)))

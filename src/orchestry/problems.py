@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 REQUIRED_FIELDS = ("task_id", "prompt", "test", "entry_point")
 
+AGENTS = ("helper", "main")  # the code-collaboration task's agents, in turn order (one LoRA adapter each)
 HELPER_SYSTEM = "You are a Python programmer who writes one small helper function."
 MAIN_SYSTEM = "You are a Python programmer who solves a task using a given helper function."
 SINGLE_SYSTEM = "You are a Python programmer."

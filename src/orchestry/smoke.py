@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from orchestry.params_file import read_params_mapping
+
 #: Files and folders of the project that ``dvc repro`` needs, relative to its root.
 COPY = (
     "dvc.yaml",
@@ -125,7 +127,7 @@ def make_micro_repo(root: str | Path, dest: str | Path, env: Mapping[str, str] |
         else:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
-    params = yaml.safe_load((dest / "params.yaml").read_text()) or {}
+    params = read_params_mapping(dest / "params.yaml")
     (dest / "params.yaml").write_text(yaml.safe_dump(micro_params(params), sort_keys=False))
     env = env or clean_env()
     git = ["git", "-c", "user.name=orchestry-smoke", "-c", "user.email=smoke@localhost"]

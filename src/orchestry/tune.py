@@ -307,10 +307,10 @@ def _set(tree: dict, key: str, value: Any) -> None:
 
 def _check_values(dims: Sequence[Dimension], fixed: Mapping[str, Any], params: str | Path, parse) -> None:
     """Each range end and choice (with the fixed values) applied to ``params`` must pass the params schema."""
-    from orchestry.params_file import ParamsError
+    from orchestry.params_file import ParamsError, read_params_mapping
 
     p = Path(params)
-    base = (yaml.safe_load(p.read_text(encoding="utf-8")) or {}) if p.is_file() else {}
+    base = read_params_mapping(p) if p.is_file() else {}
     with_fixed = copy.deepcopy(base)
     for k, v in fixed.items():
         _set(with_fixed, k, v)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from orchestry.algorithms.kl import token_kl
+
 ADVANTAGE_MODES = ("mean", "mean_std", "rloo", "max", "raw")
 
 
@@ -128,10 +130,10 @@ def micro_batch_loss(
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-completion sum of the k3 KL estimator exp(r) - r - 1, r = ref_logp - logp, over masked tokens.
+    """Per-completion sum of the k3 KL estimator exp(r) - r - 1, r = ref_logp - logp, over masked tokens
+    (:func:`orchestry.algorithms.kl.token_kl`, unclamped; masked positions count 0).
 
     Args:
         logp, ref_logp, mask: ``[B, T]``. Returns ``[B]``.
     """
-    r = (ref_logp - logp) * mask
-    return ((torch.exp(r) - r - 1) * mask).sum(dim=1)
+    return (token_kl(logp * mask, ref_logp * mask, "k3", clamp=None) * mask).sum(dim=1)

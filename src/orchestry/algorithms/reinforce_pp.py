@@ -21,41 +21,10 @@ from __future__ import annotations
 
 import torch
 
+from orchestry.algorithms.kl import token_kl
 from orchestry.algorithms.magrpo import ADVANTAGE_MODES, group_advantages
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
 ESTIMATORS = ("magrpo", "magrpo_std", "rloo", "reinforce_pp")
-KL_CLAMP = 10.0
-
-
-def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
-    """Per-token KL estimate of pi to pi_ref from the sampled tokens' log-probs (Schulman's k1/k2/k3).
-
-    With ``d = logp - ref_logp``: ``k1 = d`` (unbiased, the paper's choice), ``k2 = d^2 / 2``,
-    ``k3 = exp(-d) - 1 + d`` (GRPO's). Clamped to [-10, 10] as OpenRLHF does.
-
-    Args:
-        logp, ref_logp: ``[B, T]`` log-probs (nats) of the sampled tokens under the policy and the frozen base.
-        estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
-
-    Returns:
-        ``[B, T]`` float tensor (padding positions are whatever the inputs give; mask them downstream).
-
-    Raises:
-        ValueError: unknown estimator or shape mismatch.
-    """
-    if logp.shape != ref_logp.shape:
-        raise ValueError(f"shape mismatch: logp {tuple(logp.shape)} vs ref_logp {tuple(ref_logp.shape)}")
-    d = logp.float() - ref_logp.float()
-    if estimator == "k1":
-        kl = d
-    elif estimator == "k2":
-        kl = d.pow(2) / 2
-    elif estimator == "k3":
-        kl = torch.exp(-d) - 1 + d
-    else:
-        raise ValueError(f"unknown KL estimator {estimator!r} (allowed: {', '.join(KL_ESTIMATORS)})")
-    return kl.clamp(-KL_CLAMP, KL_CLAMP)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -99,7 +68,7 @@ def reinforce_pp_advantages(
         ref_logp: ``[B, T]`` log-probs of the same tokens under the frozen base (reference) model.
         mask: ``[B, T]`` 1 for completion tokens, 0 for padding (right padding or any holes).
         beta: KL weight (>= 0; 0 drops the KL term). gamma: discount in [0, 1].
-        kl_estimator: see :func:`token_kl` (paper: ``"k1"``).
+        kl_estimator: see :func:`orchestry.algorithms.kl.token_kl` (paper: ``"k1"``).
         whiten: normalise over all valid tokens of the batch (paper: yes); False returns the raw returns.
 
     Returns:
@@ -179,9 +148,7 @@ def estimate_advantages(name: str, rewards: torch.Tensor, **kwargs) -> torch.Ten
 
 __all__ = [
     "ESTIMATORS",
-    "KL_ESTIMATORS",
     "estimate_advantages",
     "masked_whiten",
     "reinforce_pp_advantages",
-    "token_kl",
 ]

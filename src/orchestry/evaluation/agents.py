@@ -14,14 +14,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from orchestry.config import IntervalsParams, SamplingParams
-from orchestry.problems import Problem
+from orchestry.problems import AGENTS, Problem
 
 #: Per-sample metrics of the trained-minus-base comparison (:func:`trained_minus_base`).
 PAIRED_METRICS = ("pass", "total", "coop_rate", "aux_called", "truncated")
 
 #: The evaluated agent pairs, in order: ``(name, uses the trained adapters)``.
 PAIRS: tuple[tuple[str, bool], ...] = (("base", False), ("magrpo", True))
-AGENTS = ("helper", "main")
 
 
 class AdaptersError(ValueError):

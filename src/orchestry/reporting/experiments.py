@@ -166,7 +166,7 @@ def preset_overrides(preset: str | Path, params: str | Path = "params.yaml") -> 
 
     import yaml
 
-    from orchestry.params_file import ParamsError, UniqueKeyLoader, parse_params
+    from orchestry.params_file import ParamsError, UniqueKeyLoader, parse_params, read_params_mapping
 
     text = Path(preset).read_text()
     try:
@@ -175,7 +175,7 @@ def preset_overrides(preset: str | Path, params: str | Path = "params.yaml") -> 
         raise ParamsError(f"{preset}: {e}") from e
     if not isinstance(data, dict) or not data:
         raise ParamsError(f"{preset}: expected a mapping of dotted params keys to values")
-    base = yaml.safe_load(Path(params).read_text()) or {}
+    base = read_params_mapping(params)
     patched = copy.deepcopy(base)
     for key, value in data.items():
         node = patched

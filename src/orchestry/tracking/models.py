@@ -48,6 +48,7 @@ import mlflow.pyfunc
 import pandas as pd
 
 from orchestry.fingerprint import update_with_head_and_tail
+from orchestry.problems import AGENTS
 
 log = logging.getLogger("orchestry.tracking.models")
 
@@ -60,7 +61,6 @@ MODEL_DESCRIPTION = (
     "writes the entry point calling it) on one frozen base model; pyfunc predict(prompt) returns both agents' "
     "completions. Each version's description names its base model, task, params.yaml hash and git revision."
 )
-AGENTS = ("helper", "main")
 #: columns of a per-sample table, in order (those a record lacks are left out); ``reward`` is the record's total
 TABLE_COLUMNS = (
     "step", "method", "task_id", "sample", "helper", "main", "reward", "structure", "syntax", "tests",

@@ -163,11 +163,10 @@ def pipeline_execution() -> dict[str, str]:
 
 def _pipeline_params() -> dict[str, str]:
     """``params.yaml`` of the working directory, flattened to MLflow params (``{}`` when absent)."""
-    import yaml
+    from orchestry.params_file import read_params_mapping
 
     path = Path("params.yaml")
-    data = yaml.safe_load(path.read_text()) if path.is_file() else None
-    flat = _flatten(data) if isinstance(data, Mapping) else {}
+    flat = _flatten(read_params_mapping(path)) if path.is_file() else {}
     return {k: (str(v)[:500] if v is not None else "None") for k, v in flat.items()}
 
 

@@ -14,9 +14,8 @@ import torch
 
 from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.local import GenerationBatch, adapter_parameters
-from orchestry.problems import Problem
+from orchestry.problems import AGENTS, Problem
 
-AGENTS = ("helper", "main")
 WORKFLOW_AGENTS = {"helper_main": AGENTS, "writer_tester_fixer": ("writer", "tester", "fixer")}
 # the coach's description of each role
 ROLES = {
