@@ -47,13 +47,13 @@ def test_auto_is_fp32_on_a_device_without_a_bf16_check(monkeypatch) -> None:
 
 def test_true_on_emulated_bf16_warns_in_one_line(monkeypatch, caplog) -> None:
     monkeypatch.setattr(N, "cpu_bf16_supported", lambda: False)
-    with caplog.at_level(logging.WARNING, logger="orchestry.llm"):
+    with caplog.at_level(logging.WARNING, logger="orchestry.numerics"):
         assert N.resolve_bf16(True, "cpu") is True
     (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "emulated" in warning.getMessage() and "\n" not in warning.getMessage()
     caplog.clear()
     monkeypatch.setattr(N, "cpu_bf16_supported", lambda: True)
-    with caplog.at_level(logging.WARNING, logger="orchestry.llm"):
+    with caplog.at_level(logging.WARNING, logger="orchestry.numerics"):
         assert N.resolve_bf16(True, "cpu") is True
         assert N.resolve_bf16("auto", "cpu") is True
     assert not caplog.records  # native: nothing to warn about
