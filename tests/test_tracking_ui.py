@@ -160,10 +160,14 @@ def _free_port() -> int:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian package `chromium`)")
 def test_the_url_orchestry_ui_prints_shows_the_runs_table_with_the_stage_column(store, tmp_path, monkeypatch):
-    """``orchestry ui`` prints the runs table's address; Chromium renders it with the stage, DVC experiment and
-    git revision columns and the run of the store (MLflow 3 opens an experiment on GenAI traces otherwise)."""
+    """``orchestry ui`` prints the runs table's address; Chromium renders it with the stage, DVC experiment, git
+    revision and pipeline execution columns, a key metric's column with the parent's value, and the run of the
+    store (MLflow 3 opens an experiment on GenAI traces otherwise)."""
     monkeypatch.setenv("DVC_EXP_NAME", "exp-in-the-ui")  # MLflow shows a tag column only when a run has it
-    exp_id, _ = _one_execution(store)
+    exp_id, run_id = _one_execution(store)
+    client = mlflow.MlflowClient(store)  # the execution's key metric, as the plot stage logs it on the parent
+    parent_id = client.get_run(run_id).data.tags["mlflow.parentRunId"]
+    client.log_metric(parent_id, "test/magrpo/pass_at_1", 0.625)
     port = _free_port()
     env = {**os.environ, "MLFLOW_ENABLE_ASYNC_LOGGING": "false"}
     for var in ("DVC_ROOT", "DISPLAY", "WAYLAND_DISPLAY", "BROWSER"):
@@ -195,10 +199,10 @@ def test_the_url_orchestry_ui_prints_shows_the_runs_table_with_the_stage_column(
         )  # fmt: skip
         dom = run.stdout
         columns = set(re.findall(r'role="columnheader"[^>]*col-id="([^"]*)"', dom))
-        assert {"tags.`stage`", "tags.`dvc_experiment`", "tags.`git_revision`"} <= columns, (
-            sorted(columns),
-            run.stderr[-1000:],
-        )
+        want = {"tags.`stage`", "tags.`dvc_experiment`", "tags.`git_revision`", "tags.`pipeline_execution`",
+                "metrics.`test/magrpo/pass_at_1`"}  # fmt: skip
+        assert want <= columns, (sorted(columns), run.stderr[-1000:])
+        assert ">0.625<" in dom  # the parent's key metric in its row
         assert ">exp-in-the-ui<" in dom  # the parent run's row (the stage run is nested under it)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # orchestry ui stops its server's process group
