@@ -59,6 +59,110 @@ def _revise_main_prompt(p: Problem, own: str, other: str) -> str:
     )
 
 
+def _generate_calls(method: str, n: int, b: int) -> int:
+    """``generate`` calls of ``method`` for ``n`` prompts per agent at batch size ``b`` (the progress bar's length)."""
+    if b <= 0:
+        return 0
+    one, two = -(-n // b), -(-2 * n // b)  # calls for n prompts, and for the 2n prompts of helper + main
+    return {"single": one, "concat": two, "magrpo": two, "sequential": 2 * one, "discussion": 2 * two}[method]
+
+
+class _Sampler:
+    """:func:`sample_texts` with a run's fixed arguments: ``sample(prompts, agents, offset)`` decodes the rendered
+    ``prompts`` (one adapter name per row, or None for the bare model) at seed ``seed + offset``."""
+
+    def __init__(self, model, tokenizer, sampling, seed, batch_size, adapters, bar):
+        self.model, self.tokenizer, self.sampling, self.seed = model, tokenizer, sampling, seed
+        self.batch_size, self.adapters, self.bar = batch_size, adapters, bar
+
+    def render(self, system: str, user: str) -> str:
+        return chat_prompt(self.tokenizer, user, system)
+
+    def __call__(self, prompts: list[str], agents: list[str], offset: int = 0) -> list[SampledText]:
+        rows = agents if self.adapters else None
+        return sample_texts(
+            self.model,
+            self.tokenizer,
+            prompts,
+            rows,
+            self.sampling,
+            self.seed + offset,
+            self.batch_size,
+            self.bar,
+        )
+
+
+Pair = tuple[
+    list[SampledText], list[SampledText]
+]  # (helper completions, main completions); helpers [] if none
+
+
+def _single(ps: list[Problem], sample: _Sampler) -> Pair:
+    """One agent writes the entry point alone."""
+    return [], sample([sample.render(SINGLE_SYSTEM, p.single_prompt()) for p in ps], ["main"] * len(ps))
+
+
+def _concat(ps: list[Problem], sample: _Sampler) -> Pair:
+    """Helper and main write independently, in one batch (also how the MAGRPO-trained pair is evaluated)."""
+    n = len(ps)
+    prompts = [sample.render(HELPER_SYSTEM, p.helper_prompt()) for p in ps]
+    prompts += [sample.render(MAIN_SYSTEM, p.main_prompt()) for p in ps]
+    gens = sample(prompts, ["helper"] * n + ["main"] * n)
+    return gens[:n], gens[n:]
+
+
+def _sequential(ps: list[Problem], sample: _Sampler) -> Pair:
+    """The helper writes ``aux`` first; main sees the helper's code."""
+    n = len(ps)
+    helpers = sample([sample.render(HELPER_SYSTEM, p.helper_prompt()) for p in ps], ["helper"] * n)
+    code = [extract_code(h.text)[0] for h in helpers]
+    prompts = [
+        sample.render(MAIN_SYSTEM, p.main_prompt(helper_code=c or None))
+        for p, c in zip(ps, code, strict=True)
+    ]
+    return helpers, sample(prompts, ["main"] * n, 100_000)
+
+
+def _discussion(ps: list[Problem], sample: _Sampler) -> Pair:
+    """One round: both drafts in one batch, then both revisions (each seeing the other's draft) in one batch."""
+    n = len(ps)
+    h1, m1 = _concat(ps, sample)
+    hc = [extract_code(g.text)[0] for g in h1]
+    mc = [extract_code(g.text)[0] for g in m1]
+    prompts = [sample.render(HELPER_SYSTEM, _revise_helper_prompt(p, hc[i], mc[i])) for i, p in enumerate(ps)]
+    prompts += [sample.render(MAIN_SYSTEM, _revise_main_prompt(p, mc[i], hc[i])) for i, p in enumerate(ps)]
+    revisions = sample(prompts, ["helper"] * n + ["main"] * n, 200_000)
+    h2, m2 = revisions[:n], revisions[n:]
+    return [_revised(a, b) for a, b in zip(h1, h2, strict=True)], [
+        _revised(a, b) for a, b in zip(m1, m2, strict=True)
+    ]
+
+
+_GENERATE = {"single": _single, "concat": _concat, "magrpo": _concat, "sequential": _sequential,
+             "discussion": _discussion}  # fmt: skip
+
+
+def _score(method: str, ps: list[Problem], helpers, mains, sandbox, chunk: int, progress: bool) -> list:
+    """Each sample's reward levels, ``chunk`` samples per sandbox batch (a reward does not depend on its batch)."""
+    rewards: list = []
+    with progress_bar(len(ps), f"{method}: score", "sample", enable=progress) as bar:
+        for a in range(0, len(ps), chunk):
+            b = min(len(ps), a + chunk)
+            if method == "single":
+                truncated = [m.truncated for m in mains[a:b]]
+                part = single_rewards(ps[a:b], [m.text for m in mains[a:b]], sandbox, truncated=truncated)
+            else:
+                truncated = [
+                    h.truncated or m.truncated for h, m in zip(helpers[a:b], mains[a:b], strict=True)
+                ]
+                helper_texts, main_texts = [h.text for h in helpers[a:b]], [m.text for m in mains[a:b]]
+                part = level_rewards(ps[a:b], helper_texts, main_texts, sandbox, truncated=truncated)
+            rewards += part
+            bar.update(len(part))
+            bar.set_postfix(reward=f"{sum(r.total for r in rewards) / len(rewards):.3f}")
+    return rewards
+
+
 def run_method(
     method: str,
     problems: Sequence[Problem],
@@ -88,116 +192,12 @@ def run_method(
         raise ValueError(f"unknown method {method!r} (allowed: {', '.join(METHODS)})")
     t0 = time.time()
     jobs = [(p, s) for p in problems for s in range(num_samples)]
-
-    def render(system, user):
-        return chat_prompt(tokenizer, user, system)
-
-    def ad(agent, n):
-        return [agent] * n if adapters else None
-
-    n = len(jobs)
-    calls = -(-n // batch_size) if batch_size > 0 else 0  # generate calls for n prompts
-    two = -(-2 * n // batch_size) if batch_size > 0 else 0  # ... for the 2n prompts of helper + main
-    total_calls = {
-        "single": calls,
-        "concat": two,
-        "magrpo": two,
-        "sequential": 2 * calls,
-        "discussion": 2 * two,
-    }
-    gen_bar = progress_bar(total_calls[method], f"{method}: generate", "batch", enable=progress)
-
-    def sample(prompts, agent, offset):
-        return sample_texts(
-            model, tokenizer, prompts, ad(agent, len(prompts)), sampling, seed + offset, batch_size, gen_bar
-        )
-
-    helpers: list[SampledText] = []
-    mains: list[SampledText]
-    if method == "single":
-        mains = sample([render(SINGLE_SYSTEM, p.single_prompt()) for p, _ in jobs], "main", 0)
-    elif method in ("concat", "magrpo"):
-        prompts = [render(HELPER_SYSTEM, p.helper_prompt()) for p, _ in jobs]
-        prompts += [render(MAIN_SYSTEM, p.main_prompt()) for p, _ in jobs]
-        agents = ["helper"] * n + ["main"] * n
-        gens = sample_texts(
-            model,
-            tokenizer,
-            prompts,
-            agents if adapters else None,
-            sampling,
-            seed,
-            batch_size,
-            gen_bar,
-        )
-        helpers, mains = gens[:n], gens[n:]
-    elif method == "sequential":
-        helpers = sample([render(HELPER_SYSTEM, p.helper_prompt()) for p, _ in jobs], "helper", 0)
-        hcode = [extract_code(h.text)[0] for h in helpers]
-        mains = sample(
-            [
-                render(MAIN_SYSTEM, p.main_prompt(helper_code=c or None))
-                for (p, _), c in zip(jobs, hcode, strict=True)
-            ],
-            "main",
-            100_000,
-        )
-    else:  # discussion: both drafts in one batch, then both revisions in one batch
-        both = ["helper"] * n + ["main"] * n if adapters else None
-        drafts = sample_texts(
-            model,
-            tokenizer,
-            [render(HELPER_SYSTEM, p.helper_prompt()) for p, _ in jobs]
-            + [render(MAIN_SYSTEM, p.main_prompt()) for p, _ in jobs],
-            both,
-            sampling,
-            seed,
-            batch_size,
-            gen_bar,
-        )
-        h1, m1 = drafts[:n], drafts[n:]
-        hc = [extract_code(g.text)[0] for g in h1]
-        mc = [extract_code(g.text)[0] for g in m1]
-        revisions = sample_texts(
-            model,
-            tokenizer,
-            [render(HELPER_SYSTEM, _revise_helper_prompt(p, hc[i], mc[i])) for i, (p, _) in enumerate(jobs)]
-            + [render(MAIN_SYSTEM, _revise_main_prompt(p, mc[i], hc[i])) for i, (p, _) in enumerate(jobs)],
-            both,
-            sampling,
-            seed + 200_000,
-            batch_size,
-            gen_bar,
-        )
-        h2, m2 = revisions[:n], revisions[n:]
-        helpers = [_revised(a, b) for a, b in zip(h1, h2, strict=True)]
-        mains = [_revised(a, b) for a, b in zip(m1, m2, strict=True)]
-    gen_bar.close()
-    probs = [p for p, _ in jobs]
-    rewards = []
-    chunk = max(1, batch_size)
-    with progress_bar(n, f"{method}: score", "sample", enable=progress) as score_bar:
-        for a in range(0, n, chunk):
-            b = min(n, a + chunk)
-            if method == "single":
-                part = single_rewards(
-                    probs[a:b],
-                    [m.text for m in mains[a:b]],
-                    sandbox,
-                    truncated=[m.truncated for m in mains[a:b]],
-                )
-            else:
-                trunc = [h.truncated or m.truncated for h, m in zip(helpers[a:b], mains[a:b], strict=True)]
-                part = level_rewards(
-                    probs[a:b],
-                    [h.text for h in helpers[a:b]],
-                    [m.text for m in mains[a:b]],
-                    sandbox,
-                    truncated=trunc,
-                )
-            rewards += part
-            score_bar.update(len(part))
-            score_bar.set_postfix(reward=f"{sum(r.total for r in rewards) / len(rewards):.3f}")
+    ps = [p for p, _ in jobs]
+    calls = _generate_calls(method, len(jobs), batch_size)
+    with progress_bar(calls, f"{method}: generate", "batch", enable=progress) as gen_bar:
+        sample = _Sampler(model, tokenizer, sampling, seed, batch_size, adapters, gen_bar)
+        helpers, mains = _GENERATE[method](ps, sample)
+    rewards = _score(method, ps, helpers, mains, sandbox, max(1, batch_size), progress)
     records = []
     for i, ((p, s), r) in enumerate(zip(jobs, rewards, strict=True)):
         h = helpers[i] if helpers else SampledText("", 0, 0, 0.0)
