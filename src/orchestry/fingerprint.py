@@ -1,7 +1,9 @@
-"""Content fingerprints of files too large to hash whole (model weights of hundreds of MB)."""
+"""Content fingerprints of files too large to hash whole (model weights of hundreds of MB), and of model folders."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Collection
 from pathlib import Path
 
 #: bytes read from each end of a large file
@@ -19,3 +21,24 @@ def update_with_head_and_tail(h, path: str | Path, size: int, n: int = SAMPLE_BY
         h.update(fh.read(n))
         fh.seek(max(0, size - n))
         h.update(fh.read(n))
+
+
+def folder_fingerprint(path: str | Path, skip: Collection[str] = ()) -> str:
+    """16 hex digits of SHA-256 over a model folder: the names and bytes of its ``*.json``/``*.jinja`` files and,
+    for each ``*.safetensors``/``*.bin`` file, its name, size and first and last MiB (:func:`update_with_head_and_tail`),
+    in name order; files named in ``skip`` are left out.
+
+    Raises:
+        OSError: the folder or a file in it cannot be read.
+    """
+    h = hashlib.sha256()
+    for f in sorted(Path(path).iterdir()):
+        if f.name in skip:
+            continue
+        if f.suffix in (".json", ".jinja"):
+            h.update(f.name.encode() + f.read_bytes())
+        elif f.suffix in (".safetensors", ".bin"):
+            size = f.stat().st_size
+            h.update(f"{f.name}:{size}".encode())
+            update_with_head_and_tail(h, f, size)
+    return h.hexdigest()[:16]

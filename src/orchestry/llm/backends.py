@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestry.fingerprint import update_with_head_and_tail
+from orchestry.fingerprint import folder_fingerprint
 from orchestry.llm.chat import (
     BackendConfigError,
     ChatModel,
@@ -400,19 +400,6 @@ def _body(e) -> str:
 # -------------------------------------------------------------------------------------------------------------
 # Local transformers model
 # -------------------------------------------------------------------------------------------------------------
-def _weights_fingerprint(path: Path) -> str:
-    """Cheap content fingerprint of a model folder: config + size and first/last MiB of each weight file."""
-    h = hashlib.sha256()
-    for f in sorted(path.glob("*")):
-        if f.suffix in (".json", ".jinja"):
-            h.update(f.name.encode() + f.read_bytes())
-        elif f.suffix in (".safetensors", ".bin"):
-            size = f.stat().st_size
-            h.update(f"{f.name}:{size}".encode())
-            update_with_head_and_tail(h, f, size)
-    return h.hexdigest()[:16]
-
-
 @dataclass
 class LocalChat(_Base):
     """The pipeline's local transformers model as a chat backend (free, offline).
@@ -447,7 +434,7 @@ class LocalChat(_Base):
                 raise BackendConfigError(
                     f"no model at {self.model_path}: run `dvc repro prepare`, or set model.path / api_grpo.model"
                 )
-            self._fingerprint = _weights_fingerprint(Path(self.model_path))
+            self._fingerprint = folder_fingerprint(self.model_path)  # the response cache's key of this model
         else:
             params_sum = sum(float(p.detach().double().sum()) for p in self.hf_model.parameters())
             self._fingerprint = "in-memory:" + hashlib.sha256(str(params_sum).encode()).hexdigest()[:16]

@@ -33,7 +33,6 @@ per evaluated method and ``samples/train_step_<NNNN>.json`` per MAGRPO training 
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import logging
 import os
@@ -47,7 +46,7 @@ from typing import Any
 import mlflow.pyfunc
 import pandas as pd
 
-from orchestry.fingerprint import update_with_head_and_tail
+from orchestry.fingerprint import folder_fingerprint
 from orchestry.problems import AGENTS
 
 log = logging.getLogger("orchestry.tracking.models")
@@ -73,9 +72,8 @@ class BaseModelNotFound(FileNotFoundError):
 
 
 def base_fingerprint(path: str | Path) -> str:
-    """Content fingerprint of a model folder: 16 hex digits of SHA-256 over the names and bytes of its
-    ``*.json``/``*.jinja`` files and, for each ``*.safetensors``/``*.bin`` file, its name, size and first and last
-    MiB (the weights are 0.5 GB for the default model).
+    """Content fingerprint of a model folder (:func:`orchestry.fingerprint.folder_fingerprint`), leaving out
+    ``orchestry_model.json`` (``prepare``'s note of where the weights came from, not their content).
 
     Raises:
         FileNotFoundError: ``path`` has no ``config.json``.
@@ -83,15 +81,7 @@ def base_fingerprint(path: str | Path) -> str:
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no model at {path} (no config.json)")
-    h = hashlib.sha256()
-    for f in sorted(path.iterdir()):
-        if f.suffix in (".json", ".jinja") and f.name != "orchestry_model.json":
-            h.update(f.name.encode() + f.read_bytes())
-        elif f.suffix in (".safetensors", ".bin"):
-            size = f.stat().st_size
-            h.update(f"{f.name}:{size}".encode())
-            update_with_head_and_tail(h, f, size)
-    return h.hexdigest()[:16]
+    return folder_fingerprint(path, skip=("orchestry_model.json",))
 
 
 def _base_source(path: Path) -> str:
