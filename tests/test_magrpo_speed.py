@@ -101,6 +101,62 @@ def test_shared_prompt_prefill_gives_the_same_samples(tiny_llama, embedded_token
         assert torch.equal(shared.attention_mask, alone.attention_mask)
 
 
+def test_prefill_buckets_cover_every_prompt_within_the_budget():
+    lengths = [5, 40, 3, 40, 12, 0, 7]
+    buckets = L._prefill_buckets(lengths, budget=60)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    flat = [i for b in buckets for i in b]
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)  # longest first
+    assert flat[:2] == [1, 3]  # ties keep their order
+    for b in buckets:  # rows x longest within the budget, unless a prompt alone exceeds it
+        assert len(b) * max(lengths[i] for i in b) <= 60 or len(b) == 1
+    assert buckets[0] == [1]  # 2 x 40 > 60
+    assert L._prefill_buckets(lengths, budget=10**6) == [flat]
+    assert L._prefill_buckets(lengths, budget=1) == [[i] for i in flat]
+
+
+def test_bucketed_prefill_gives_the_same_cache_and_samples(tiny_llama, embedded_tokenizer, monkeypatch):
+    """Prompts of very different lengths prefilled in length buckets (each only as wide as its longest prompt)
+    give the cache of one left-padded forward at every content position, and the same samples."""
+    tok = embedded_tokenizer
+    model = _model(tiny_llama, vocab=len(tok), seed=11)
+    prompts = [
+        "def f(x):",
+        "hello there my friend, how are you doing on this fine and sunny day in the middle of the week?",
+        "def f(x):",
+        "def g(y):\n    return y + 1\n\n\ndef h(z):",
+        "a",
+    ]
+    adapters = ["helper", "main", "helper", "main", "helper"]
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    groups = L._prompt_groups(ids, mask, adapters)
+    names = [adapters[i] for i in groups[0].tolist()]
+    model.eval()
+    caches = []
+    for budget in (10**6, 1):  # one padded forward; every prompt alone at its own width
+        monkeypatch.setattr(L, "PREFILL_TOKENS", budget)
+        with torch.no_grad():
+            caches.append(
+                L._prefix_cache(model, ids, mask, groups, ids.shape[1] + 4,
+                                row_kwargs=lambda sel: {"adapter_names": [adapters[i] for i in sel.tolist()]})
+            )  # fmt: skip
+    seen = mask[:, :-1].bool()  # content positions of the prefilled part
+    for one, alone in zip(caches[0].layers, caches[1].layers, strict=True):
+        W = seen.shape[1]
+        for a, b in ((one.keys, alone.keys), (one.values, alone.values)):
+            a, b = a[:, :, :W].transpose(1, 2)[seen], b[:, :, :W].transpose(1, 2)[seen]
+            assert a.abs().sum() > 0 and torch.allclose(a, b, atol=1e-5)
+    assert len(names) == 4  # rows 0 and 2 share their prompt and adapter
+    for temperature in (0.0, 1.0):
+        outs = []
+        for budget in (10**6, 1):
+            monkeypatch.setattr(L, "PREFILL_TOKENS", budget)
+            outs.append(generate(model, tok, prompts, adapters, max_new_tokens=6, temperature=temperature, seed=4))
+        assert torch.equal(outs[0].sequences, outs[1].sequences)
+        assert torch.equal(outs[0].attention_mask, outs[1].attention_mask)
+
+
 def test_micro_batched_update_equals_one_batch(tiny_llama):
     G, problems = 3, load_problems()[:3]
     seqs, mask, P = _rollout_batch(G=G, n_prompts=6)  # 3 problems x 2 agents

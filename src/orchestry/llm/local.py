@@ -246,29 +246,78 @@ def _prompt_groups(ids: torch.Tensor, mask: torch.Tensor, tags: Sequence | None 
     return torch.tensor(first), torch.tensor(index)
 
 
-def _prefix_cache(model, ids: torch.Tensor, mask: torch.Tensor, groups, max_len: int, **forward_kwargs):
+PREFILL_TOKENS = 2048  # padded positions per prefill forward: prompts sorted by length, cut into such buckets
+
+
+def _prefill_buckets(lengths: Sequence[int], budget: int | None = None) -> list[list[int]]:
+    """Indices of ``lengths`` sorted longest first (ties in index order), cut into consecutive buckets of at most
+    ``budget`` (default :data:`PREFILL_TOKENS`) padded positions (rows x the bucket's longest; a bucket holds at
+    least one row). Left padding to the batch's longest prompt is then paid only within a bucket of similar
+    lengths."""
+    budget = PREFILL_TOKENS if budget is None else budget
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets and (len(buckets[-1]) + 1) * lengths[buckets[-1][0]] <= budget:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
+
+
+def _prefix_cache(model, ids: torch.Tensor, mask: torch.Tensor, groups, max_len: int, row_kwargs=None):
     """KV cache of ``ids[:, :-1]`` (left-padded prompts) computed once per group, spread to every row.
 
-    The last prompt token is left out so that ``generate`` still has a token to process. The cache is a
-    transformers ``StaticCache`` of ``max_len`` positions: decoding writes each new position in place, where
+    The last prompt token is left out so that ``generate`` still has a token to process. The distinct prompts
+    are prefilled in buckets of similar length (:func:`_prefill_buckets`), each bucket only as wide as its
+    longest prompt, so the left padding of short prompts to the batch's longest is not computed: content
+    positions keep their position ids (counted from each prompt's first token) and land at the same cache
+    positions as in one padded forward; padding positions hold zeros, which the attention mask hides. The cache
+    is a transformers ``StaticCache`` of ``max_len`` positions: decoding writes each new position in place, where
     the default dynamic cache re-allocates and copies the whole cache at every step (its cost is measured in
     benchmarks/README.md, "Decoding details").
+
+    Args:
+        groups: ``(first_row_of_group [n], group_of_row [B])`` (:func:`_prompt_groups`).
+        row_kwargs: ``row_kwargs(rows)`` -> extra forward kwargs for the prefill of ``ids[rows]`` (e.g. per-row
+            adapters), called before each bucket's forward.
     """
-    from transformers import DynamicCache
+    from transformers import DynamicCache, StaticCache
 
     first, index = groups
     sub_ids, sub_mask = ids[first, :-1], mask[first, :-1]
-    prefix = DynamicCache()
-    model(
-        input_ids=sub_ids,
-        attention_mask=sub_mask,
-        position_ids=(sub_mask.cumsum(dim=1) - 1).clamp(min=0),
-        past_key_values=prefix,
-        use_cache=True,
-        logits_to_keep=1,
-        **forward_kwargs,
-    )
-    return _static_rows(model, prefix, index, max_len)
+    n, W = sub_ids.shape
+    lengths = sub_mask.sum(dim=1).tolist()
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    for bucket in _prefill_buckets(lengths):
+        w = max(lengths[j] for j in bucket)
+        if w == 0:  # one-token prompts: nothing before the token that generate processes
+            continue
+        sel = torch.tensor(bucket, device=sub_ids.device)
+        b_ids, b_mask = sub_ids[sel, W - w :], sub_mask[sel, W - w :]
+        cache = DynamicCache()
+        extra = row_kwargs(first[sel]) if row_kwargs is not None else {}
+        model(
+            input_ids=b_ids,
+            attention_mask=b_mask,
+            position_ids=(b_mask.cumsum(dim=1) - 1).clamp(min=0),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **extra,
+        )
+        for i, layer in enumerate(cache.layers):
+            if len(keys) <= i:
+                shape = (n, layer.keys.shape[1], W, layer.keys.shape[3])
+                keys.append(layer.keys.new_zeros(shape))
+                values.append(layer.values.new_zeros(shape))
+            keys[i][sel, :, W - layer.keys.shape[2] :] = layer.keys
+            values[i][sel, :, W - layer.values.shape[2] :] = layer.values
+    static = StaticCache(config=model.config, max_cache_len=max_len)
+    for i in range(len(keys)):
+        static.update(keys[i][index], values[i][index], i)
+    return static
 
 
 def _static_rows(model, cache, rows: torch.Tensor, max_len: int):
@@ -484,13 +533,16 @@ def generate(
                     rows,
                     rows,
                 )
-                extra = {}
+                row_kwargs = None
                 if adapter_names is not None:
-                    first = [adapter_names[i] for i in groups[0]]
-                    if stacked is not None:
-                        stacked.set_rows(first)
-                    else:
-                        extra["adapter_names"] = first
+
+                    def row_kwargs(sel: torch.Tensor) -> dict:
+                        names = [adapter_names[i] for i in sel.tolist()]
+                        if stacked is not None:
+                            stacked.set_rows(names)
+                            return {}
+                        return {"adapter_names": names}
+
                 device = getattr(model, "device", torch.device("cpu"))
                 kwargs["past_key_values"] = _prefix_cache(
                     model,
@@ -498,7 +550,7 @@ def generate(
                     enc["attention_mask"].to(device),
                     tuple(t.to(device) for t in groups),
                     max_len=width + max_new_tokens,
-                    **extra,
+                    row_kwargs=row_kwargs,
                 )
             out = _generate_in_rounds(model, enc, kwargs, tokenizer, width, stop_at_code_end, stacked)
     finally:
