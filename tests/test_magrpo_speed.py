@@ -152,7 +152,9 @@ def test_bucketed_prefill_gives_the_same_cache_and_samples(tiny_llama, embedded_
         outs = []
         for budget in (10**6, 1):
             monkeypatch.setattr(L, "PREFILL_TOKENS", budget)
-            outs.append(generate(model, tok, prompts, adapters, max_new_tokens=6, temperature=temperature, seed=4))
+            outs.append(
+                generate(model, tok, prompts, adapters, max_new_tokens=6, temperature=temperature, seed=4)
+            )
         assert torch.equal(outs[0].sequences, outs[1].sequences)
         assert torch.equal(outs[0].attention_mask, outs[1].attention_mask)
 
