@@ -281,7 +281,8 @@ def run_ours(n_problems: int, per_update: int, threads: int) -> None:
     t_start = time.perf_counter()
     _setup(threads)
     from orchestry.config import SamplingParams, TrainMagrpoParams
-    from orchestry.llm.local import attach_adapters, cpu_bf16_supported, load_model
+    from orchestry.llm.local import attach_adapters, load_model
+    from orchestry.numerics import cpu_bf16_supported
     from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
 
     problems = _problems(n_problems)
