@@ -1,0 +1,90 @@
+"""Did a speed change keep every result? Compare the DVC outputs of two ``dvc.lock`` revisions record by record.
+
+For every ``.jsonl`` output (files, and the ``.jsonl`` files inside directory outputs) that the two lock files
+record, reads both versions from the local DVC cache and counts the records that are equal once every field whose
+name contains ``seconds`` is left out. Exit code 1 if any record differs or is missing.
+
+Usage (at the repository root, after ``dvc repro`` of the change, before committing dvc.lock)::
+
+    python benchmarks/same_outputs.py            # HEAD's dvc.lock vs the working tree's
+    python benchmarks/same_outputs.py --old HEAD~2 --new HEAD
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def _lock(rev: str | None) -> dict:
+    text = (
+        Path("dvc.lock").read_text()
+        if rev is None
+        else subprocess.run(
+            ["git", "show", f"{rev}:dvc.lock"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    return {o["path"]: o["md5"] for st in yaml.safe_load(text)["stages"].values() for o in st.get("outs", [])}
+
+
+def _cached(md5: str) -> Path:
+    return Path(".dvc/cache/files/md5") / md5[:2] / md5[2:]
+
+
+def _jsonl_files(outs: dict) -> dict[str, str]:
+    """``{path: md5}`` of the .jsonl files among the outputs, directory outputs expanded from their manifests."""
+    files = {}
+    for path, md5 in outs.items():
+        if md5.endswith(".dir"):
+            if not _cached(md5).exists():
+                files[f"{path}/"] = md5  # reported as not in the cache
+                continue
+            for entry in json.loads(_cached(md5).read_text()):
+                if entry["relpath"].endswith(".jsonl"):
+                    files[f"{path}/{entry['relpath']}"] = entry["md5"]
+        elif path.endswith(".jsonl"):
+            files[path] = md5
+    return files
+
+
+def _records(md5: str) -> list[dict]:
+    lines = _cached(md5).read_text().splitlines()
+    return [
+        {k: v for k, v in json.loads(line).items() if "seconds" not in k} for line in lines if line.strip()
+    ]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--old", default="HEAD", help="git revision of the reference dvc.lock")
+    ap.add_argument(
+        "--new", default=None, help="git revision of the other dvc.lock (default: the working tree's)"
+    )
+    args = ap.parse_args()
+    old, new = _jsonl_files(_lock(args.old)), _jsonl_files(_lock(args.new))
+    bad = 0
+    for path in sorted(old.keys() | new.keys()):
+        if path not in old or path not in new:
+            print(f"only in one revision: {path}")
+            bad += 1
+            continue
+        missing = [m for m in (old[path], new[path]) if not _cached(m).exists() or m.endswith(".dir")]
+        if missing:
+            print(f"not in the local DVC cache ({missing[0]}): {path}")
+            bad += 1
+            continue
+        a, b = _records(old[path]), _records(new[path])
+        same = sum(x == y for x, y in zip(a, b, strict=False))
+        ok = same == len(a) == len(b)
+        bad += not ok
+        print(f"{'same' if ok else 'DIFFERENT'}: {same}/{len(a)} records equal (new has {len(b)}), {path}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
