@@ -148,13 +148,12 @@ def test_bucketed_prefill_gives_the_same_cache_and_samples(tiny_llama, embedded_
             a, b = a[:, :, :W].transpose(1, 2)[seen], b[:, :, :W].transpose(1, 2)[seen]
             assert a.abs().sum() > 0 and torch.allclose(a, b, atol=1e-5)
     assert len(names) == 4  # rows 0 and 2 share their prompt and adapter
-    for temperature in (0.0, 1.0):
+    for temperature, stacked in ((0.0, True), (1.0, True), (1.0, False)):  # False: peft's mixed batch
         outs = []
         for budget in (10**6, 1):
             monkeypatch.setattr(L, "PREFILL_TOKENS", budget)
-            outs.append(
-                generate(model, tok, prompts, adapters, max_new_tokens=6, temperature=temperature, seed=4)
-            )
+            outs.append(generate(model, tok, prompts, adapters, max_new_tokens=6, temperature=temperature, seed=4,
+                                 stacked_lora=stacked))  # fmt: skip
         assert torch.equal(outs[0].sequences, outs[1].sequences)
         assert torch.equal(outs[0].attention_mask, outs[1].attention_mask)
 
