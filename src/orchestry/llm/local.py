@@ -282,7 +282,7 @@ def _prefix_cache(model, ids: torch.Tensor, mask: torch.Tensor, groups, max_len:
         row_kwargs: ``row_kwargs(rows)`` -> extra forward kwargs for the prefill of ``ids[rows]`` (e.g. per-row
             adapters), called before each bucket's forward.
     """
-    from transformers import DynamicCache, StaticCache
+    from transformers import DynamicCache
 
     first, index = groups
     sub_ids, sub_mask = ids[first, :-1], mask[first, :-1]
@@ -314,10 +314,10 @@ def _prefix_cache(model, ids: torch.Tensor, mask: torch.Tensor, groups, max_len:
                 values.append(layer.values.new_zeros(shape))
             keys[i][sel, :, W - layer.keys.shape[2] :] = layer.keys
             values[i][sel, :, W - layer.values.shape[2] :] = layer.values
-    static = StaticCache(config=model.config, max_cache_len=max_len)
+    full = DynamicCache()
     for i in range(len(keys)):
-        static.update(keys[i][index], values[i][index], i)
-    return static
+        full.update(keys[i], values[i], i)
+    return _static_rows(model, full, index, max_len)
 
 
 def _static_rows(model, cache, rows: torch.Tensor, max_len: int):
