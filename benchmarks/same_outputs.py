@@ -36,20 +36,21 @@ def _cached(md5: str) -> Path:
     return Path(".dvc/cache/files/md5") / md5[:2] / md5[2:]
 
 
-def _jsonl_files(outs: dict) -> dict[str, str]:
-    """``{path: md5}`` of the .jsonl files among the outputs, directory outputs expanded from their manifests."""
-    files = {}
+def _jsonl_files(outs: dict) -> tuple[dict[str, str], list[str]]:
+    """``({path: md5}, uncached)``: the .jsonl files among the outputs, directory outputs expanded from their
+    manifests, and the directory outputs whose manifest is not in the local cache."""
+    files, uncached = {}, []
     for path, md5 in outs.items():
-        if md5.endswith(".dir"):
-            if not _cached(md5).exists():
-                files[f"{path}/"] = md5  # reported as not in the cache
-                continue
+        if not md5.endswith(".dir"):
+            if path.endswith(".jsonl"):
+                files[path] = md5
+        elif _cached(md5).exists():
             for entry in json.loads(_cached(md5).read_text()):
                 if entry["relpath"].endswith(".jsonl"):
                     files[f"{path}/{entry['relpath']}"] = entry["md5"]
-        elif path.endswith(".jsonl"):
-            files[path] = md5
-    return files
+        else:
+            uncached.append(path)
+    return files, uncached
 
 
 def _records(md5: str) -> list[dict]:
@@ -66,14 +67,17 @@ def main() -> int:
         "--new", default=None, help="git revision of the other dvc.lock (default: the working tree's)"
     )
     args = ap.parse_args()
-    old, new = _jsonl_files(_lock(args.old)), _jsonl_files(_lock(args.new))
+    (old, old_uncached), (new, new_uncached) = _jsonl_files(_lock(args.old)), _jsonl_files(_lock(args.new))
     bad = 0
+    for path in sorted({*old_uncached, *new_uncached}):
+        print(f"not in the local DVC cache (directory output): {path}")
+        bad += 1
     for path in sorted(old.keys() | new.keys()):
         if path not in old or path not in new:
             print(f"only in one revision: {path}")
             bad += 1
             continue
-        missing = [m for m in (old[path], new[path]) if not _cached(m).exists() or m.endswith(".dir")]
+        missing = [m for m in (old[path], new[path]) if not _cached(m).exists()]
         if missing:
             print(f"not in the local DVC cache ({missing[0]}): {path}")
             bad += 1
