@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from orchestry.config import SamplingParams, TrainMagrpoParams
-from orchestry.generators.compositional import generate, reference_decomposition
+from orchestry.generators.compositional import delegated_decomposition, generate, reference_decomposition
 from orchestry.llm.local import attach_adapters, completion_logprobs
 from orchestry.problems import load_problems, make_problem
 from orchestry.rewards.code import level_rewards
@@ -43,6 +43,27 @@ def test_reference_decompositions_pass_and_the_main_calls_aux(sandbox):
     assert not any(r.passed for r in alone)
 
 
+def test_delegated_decompositions_pass_with_aux_doing_all_and_the_main_only_returning_it(sandbox):
+    problems = _generated(30)
+    pairs = [delegated_decomposition(p.prompt, p.aux_spec, p.canonical_solution) for p in problems]
+    results = level_rewards(problems, [f"```python\n{a}```" for a, _ in pairs],
+                            [f"```python\n{m}```" for _, m in pairs], sandbox)  # fmt: skip
+    assert all(r.passed == r.total_asserts > 0 for r in results), [r.reasons for r in results if not r.passed]
+    assert all(r.aux_called for r in results)
+    for p, (aux_code, main_code) in zip(problems, pairs, strict=True):
+        assert main_code.split("\n")[1:] == [
+            f"    r = aux({p.canonical_solution.split()[2]})",
+            "    return r",
+            "",
+        ]
+        assert aux_code.startswith("def aux(") and p.canonical_solution in aux_code  # the whole solution
+    # aux alone is the answer: the main's body does nothing but call it
+    alone = level_rewards(problems, [""] * len(problems), [f"```python\n{m}```" for _, m in pairs], sandbox)
+    assert not any(r.passed for r in alone)
+    with pytest.raises(ValueError, match="solution shape"):
+        delegated_decomposition(problems[0].prompt, problems[0].aux_spec, "    return 1\n")
+
+
 def test_problems_without_a_reference_decomposition_are_refused_by_task_id(embedded_tokenizer):
     humaneval = load_problems("humaneval")[:2]
     with pytest.raises(ValueError, match="HumanEval/0.*compositional"):
@@ -52,19 +73,27 @@ def test_problems_without_a_reference_decomposition_are_refused_by_task_id(embed
         reference_decomposition(bad.prompt, bad.aux_spec, "    return 1\n")
 
 
-def test_plain_prompts_add_the_same_targets_under_the_prompts_of_problems_without_a_decomposition(
-    embedded_tokenizer,
+@pytest.mark.parametrize("plain_targets", ["delegate", "reference"])
+def test_plain_prompts_add_a_pair_under_the_prompts_of_problems_without_a_decomposition(
+    embedded_tokenizer, plain_targets
 ):
-    problems = _generated(3)
+    problems = _generated(3, difficulty=(2, 3))
     spec = warm_start_examples(problems, embedded_tokenizer)
-    both = warm_start_examples(problems, embedded_tokenizer, plain_prompts=True)
+    both = warm_start_examples(problems, embedded_tokenizer, plain_prompts=True, plain_targets=plain_targets)
     for agent in AGENTS:
         assert len(both[agent]) == 2 * len(spec[agent]) == 6
         assert both[agent][0::2] == spec[agent]  # the spec-prompt pair first, unchanged
-        for (spec_prompt, spec_target), (plain_prompt, plain_target) in zip(
-            both[agent][0::2], both[agent][1::2], strict=True
+        for p, (spec_prompt, spec_target), (plain_prompt, plain_target) in zip(
+            problems, both[agent][0::2], both[agent][1::2], strict=True
         ):
-            assert plain_target == spec_target and plain_prompt != spec_prompt
+            pair = (delegated_decomposition if plain_targets == "delegate" else reference_decomposition)(
+                p.prompt, p.aux_spec, p.canonical_solution
+            )
+            assert plain_target == f"```python\n{pair[AGENTS.index(agent)]}```"
+            assert (plain_target == spec_target) == (
+                plain_targets == "reference"
+            )  # 2+ steps: the splits differ
+            assert plain_prompt != spec_prompt
             assert "def aux(" in spec_prompt and "def aux(" not in plain_prompt  # no aux_spec shown
     helper_plain = both["helper"][1][0]
     assert (

@@ -285,6 +285,12 @@ class TrainMagrpoParams(_Section):
         description="warm start: also train each target under the prompts of problems that name no "
         "decomposition (HumanEval, MBPP, --problems files), so the pair writes aux there too",
     )
+    warm_start_plain_targets: Literal["delegate", "reference"] = Field(
+        "delegate",
+        description="warm start, plain prompts: the targets there. delegate: the helper's aux computes the whole "
+        "answer and the main returns aux's result (the split both agents can infer without a named "
+        "decomposition); reference: the generated problem's own split (aux = first step, main the rest)",
+    )
     warm_start_problems: int = Field(
         0,
         ge=0,

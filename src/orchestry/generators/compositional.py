@@ -458,6 +458,33 @@ def generate_splits(
     return {name: out[name] for name in SPLITS if name in sizes}
 
 
+def delegated_decomposition(prompt: str, aux_spec: str, canonical_solution: str) -> tuple[str, str]:
+    """The helper/main split of a generated problem for prompts that name no decomposition: ``aux`` does it all.
+
+    Under a plain prompt (no ``aux`` signature shown: HumanEval, MBPP, ``--problems`` files) neither agent can know
+    where :func:`reference_decomposition` would cut, so a pair trained on that cut learns to guess it: on easy
+    one-step problems written by others the main re-applied the last operation to ``aux``'s answer
+    (``largest``: ``r = aux(values); r = max(r)``, a ``TypeError``). The split both agents can infer from a plain
+    prompt alone is the helper computing the whole answer and the main returning it::
+
+        def aux(xs: list) -> list:            def doubled_evens(xs: list) -> list:
+            r = xs                                r = aux(xs)
+            r = [x for x in r if x % 2 == 0]      return r
+            r = [x * 2 for x in r]
+            return r
+
+    Returns and raises as :func:`reference_decomposition` (the same record checks).
+    """
+    reference_decomposition(prompt, aux_spec, canonical_solution)  # the record checks and their errors
+    lines = canonical_solution.rstrip("\n").split("\n")
+    arg = lines[0][len("    r = ") :]
+    main_sig = next(ln for ln in prompt.split("\n") if ln.startswith("def "))
+    aux_sig = "def aux(" + main_sig.split("(", 1)[1]
+    aux_code = aux_sig + "\n" + "".join(f"{ln}\n" for ln in lines)
+    main_code = f"{main_sig}\n    r = aux({arg})\n    return r\n"
+    return aux_code, main_code
+
+
 def reference_decomposition(prompt: str, aux_spec: str, canonical_solution: str) -> tuple[str, str]:
     """The intended helper/main split of a generated problem, as two Python functions.
 

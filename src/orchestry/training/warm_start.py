@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import torch
 
-from orchestry.generators.compositional import reference_decomposition
+from orchestry.generators.compositional import delegated_decomposition, reference_decomposition
 from orchestry.llm.local import adapter_parameters, chat_prompt, completion_logprobs
 from orchestry.numerics import bf16_autocast
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
@@ -59,15 +59,17 @@ def resolved_epochs(cfg, problems: list[Problem]) -> int:
 
 
 def warm_start_examples(
-    problems: list[Problem], tokenizer, plain_prompts: bool = False
+    problems: list[Problem], tokenizer, plain_prompts: bool = False, plain_targets: str = "delegate"
 ) -> dict[str, list[tuple[str, str]]]:
     """``{"helper": [(chat prompt, target)], "main": [...]}``, one pair per problem, in problem order.
 
-    With ``plain_prompts`` each problem gives a second pair, after the first: the same targets under the prompts
-    the agents see on a problem that names no decomposition (``aux_spec`` empty: HumanEval, MBPP, any
-    ``--problems`` file), where the helper is asked for "a helper named aux that would be useful" and the main
-    is told only that ``aux(...)`` exists. Without it the pair learns the split only in the spec-prompt format
-    and, on other problems, the helper copies the entry point's signature instead of writing ``aux``.
+    With ``plain_prompts`` each problem gives a second pair, after the first, under the prompts the agents see
+    on a problem that names no decomposition (``aux_spec`` empty: HumanEval, MBPP, any ``--problems`` file),
+    where the helper is asked for "a helper named aux that would be useful" and the main is told only that
+    ``aux(...)`` exists. Without it the pair learns the split only in the spec-prompt format and, on other
+    problems, the helper copies the entry point's signature instead of writing ``aux``. ``plain_targets``
+    picks that pair's targets: ``delegate`` (:func:`~orchestry.generators.compositional.delegated_decomposition`:
+    ``aux`` computes the whole answer, the main returns it) or ``reference`` (the spec pair's targets again).
 
     Raises:
         ValueError: a problem has no reference decomposition (not generated: ``prepare.source: compositional``
@@ -89,6 +91,10 @@ def warm_start_examples(
             (chat_prompt(tokenizer, p.main_prompt(), MAIN_SYSTEM), f"```python\n{main_code}```")
         )
         if plain_prompts:
+            if plain_targets == "delegate":
+                aux_code, main_code = delegated_decomposition(p.prompt, p.aux_spec, p.canonical_solution)
+            elif plain_targets != "reference":
+                raise ValueError(f"plain_targets must be delegate or reference, got {plain_targets!r}")
             plain = replace(p, aux_spec="")
             out["helper"].append(
                 (chat_prompt(tokenizer, plain.helper_prompt(), HELPER_SYSTEM), f"```python\n{aux_code}```")
@@ -145,7 +151,9 @@ def warm_start(tr: Trainer, bf16: bool, epochs: int) -> dict:
     cfg = tr.cfg
     t0 = time.time()
     problems = list(tr.problems)[: cfg.warm_start_problems or None]
-    examples = warm_start_examples(problems, tr.tokenizer, cfg.warm_start_plain_prompts)
+    examples = warm_start_examples(
+        problems, tr.tokenizer, cfg.warm_start_plain_prompts, cfg.warm_start_plain_targets
+    )
     out: dict = {"epochs": epochs, "examples": len(examples["main"]), "steps": 0}
     tr.model.train()
     for agent in tr.agents:
