@@ -22,15 +22,14 @@ for targets in reference delegate; do
     else
       cp reports/eval/base.jsonl reports/eval/magrpo.jsonl reports/metrics.json "$d/"
       cp reports/eval/transfer/humaneval_base.jsonl reports/eval/transfer/humaneval_magrpo.jsonl "$d/"
-      if [ "$s" = 0 ]; then  # MBPP: seed 0 only
-        orchestry evaluate --problems "$mbpp" --adapters models/adapters/magrpo --num-samples 2 \
-          --samples "$d/external" --out "$d/external.json" -q
-      fi
+      orchestry evaluate --problems "$mbpp" --adapters models/adapters/magrpo --num-samples 2 \
+        --samples "$d/external" --out "$d/external.json" -q
     fi
     cp reports/train/magrpo.json reports/train/magrpo_steps.csv params.yaml "$d/"
   done
 done
 python $out/summarize.py $out/seed{0,1,2}
+python $out/summarize.py $out/seed{0,1,2} --set external   # MBPP
 python $out/summarize.py $out/reference_targets/seed{0,1,2}
 python $out/summarize.py $out/reference_targets/seed{0,1,2}/warm_start
 python reports/experiments/warm_start/summarize.py $out/seed{0,1,2}
