@@ -10,8 +10,9 @@ Three sha-256 prefixes, each from work the pipeline does (docs/reproducibility.m
   the 8 prompts' next-token loss, in fp32;
 * ``tokens``: 16 rows x 48 tokens sampled by ``orchestry.llm.local.generate`` (T 0.8, top-p 0.95, seed 0).
 
-Two machines whose lines agree on all three compute the same bits in these paths under that ``numerics``; the
-pipeline's results then match on both (the test in docs/reproducibility.md). ``--numerics`` is applied before
+``loss_after`` is the loss of the second step's forward pass (before its update). Two machines whose lines agree on
+all three compute the same bits in these paths under that ``numerics``, so the pipeline's results are expected to
+match on both (docs/reproducibility.md; not yet checked across CPU kinds). ``--numerics`` is applied before
 torch computes anything (``orchestry.numerics.apply_numerics``), so run one setting per process. The line also
 names the CPU, its flags, torch's kernel set, MKL's branch, the threads and the decoding seconds.
 """

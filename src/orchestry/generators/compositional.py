@@ -475,14 +475,24 @@ def delegated_decomposition(prompt: str, aux_spec: str, canonical_solution: str)
 
     Returns and raises as :func:`reference_decomposition` (the same record checks).
     """
-    reference_decomposition(prompt, aux_spec, canonical_solution)  # the record checks and their errors
+    arg, steps, _, main_sig = _solution_parts(prompt, aux_spec, canonical_solution)
+    aux_code = (
+        "def aux(" + main_sig.split("(", 1)[1] + f"\n    r = {arg}\n" + "".join(f"{ln}\n" for ln in steps)
+    )
+    return aux_code + "    return r\n", f"{main_sig}\n    r = aux({arg})\n    return r\n"
+
+
+def _solution_parts(prompt: str, aux_spec: str, canonical_solution: str) -> tuple[str, list[str], str, str]:
+    """``(argument, step lines, aux signature, main signature)`` of a generated record's ``r = <arg>`` / one
+    statement per primitive / ``return r`` solution. Raises ValueError for any other record."""
     lines = canonical_solution.rstrip("\n").split("\n")
-    arg = lines[0][len("    r = ") :]
-    main_sig = next(ln for ln in prompt.split("\n") if ln.startswith("def "))
-    aux_sig = "def aux(" + main_sig.split("(", 1)[1]
-    aux_code = aux_sig + "\n" + "".join(f"{ln}\n" for ln in lines)
-    main_code = f"{main_sig}\n    r = aux({arg})\n    return r\n"
-    return aux_code, main_code
+    if not aux_spec or len(lines) < 3 or not lines[0].startswith("    r = ") or lines[-1] != "    return r":
+        raise ValueError("not a generated compositional problem (aux_spec and its r = ... solution shape)")
+    aux_sig = aux_spec.split("\n", 1)[0]
+    main_sig = next((ln for ln in prompt.split("\n") if ln.startswith("def ")), "")
+    if not aux_sig.startswith("def aux(") or not main_sig:
+        raise ValueError("not a generated compositional problem (no def line in prompt or aux_spec)")
+    return lines[0][len("    r = ") :], lines[1:-1], aux_sig, main_sig
 
 
 def reference_decomposition(prompt: str, aux_spec: str, canonical_solution: str) -> tuple[str, str]:
@@ -505,16 +515,9 @@ def reference_decomposition(prompt: str, aux_spec: str, canonical_solution: str)
     Raises:
         ValueError: the record was not made by this generator (no ``aux_spec``, or another solution shape).
     """
-    lines = canonical_solution.rstrip("\n").split("\n")
-    if not aux_spec or len(lines) < 3 or not lines[0].startswith("    r = ") or lines[-1] != "    return r":
-        raise ValueError("not a generated compositional problem (aux_spec and its r = ... solution shape)")
-    arg = lines[0][len("    r = ") :]
-    aux_sig = aux_spec.split("\n", 1)[0]
-    main_sig = next((ln for ln in prompt.split("\n") if ln.startswith("def ")), "")
-    if not aux_sig.startswith("def aux(") or not main_sig:
-        raise ValueError("not a generated compositional problem (no def line in prompt or aux_spec)")
-    aux_code = f"{aux_sig}\n{lines[0]}\n{lines[1]}\n    return r\n"
+    arg, steps, aux_sig, main_sig = _solution_parts(prompt, aux_spec, canonical_solution)
+    aux_code = f"{aux_sig}\n    r = {arg}\n{steps[0]}\n    return r\n"
     main_code = (
-        f"{main_sig}\n    r = aux({arg})\n" + "".join(f"{ln}\n" for ln in lines[2:-1]) + "    return r\n"
+        f"{main_sig}\n    r = aux({arg})\n" + "".join(f"{ln}\n" for ln in steps[1:]) + "    return r\n"
     )
     return aux_code, main_code

@@ -75,6 +75,11 @@ def warm_start_examples(
         ValueError: a problem has no reference decomposition (not generated: ``prepare.source: compositional``
             makes them); the message names its task id.
     """
+    plain_split = {"delegate": delegated_decomposition, "reference": reference_decomposition}.get(
+        plain_targets
+    )
+    if plain_split is None:
+        raise ValueError(f"plain_targets must be delegate or reference, got {plain_targets!r}")
     out: dict[str, list[tuple[str, str]]] = {"helper": [], "main": []}
     for p in problems:
         try:
@@ -91,10 +96,7 @@ def warm_start_examples(
             (chat_prompt(tokenizer, p.main_prompt(), MAIN_SYSTEM), f"```python\n{main_code}```")
         )
         if plain_prompts:
-            if plain_targets == "delegate":
-                aux_code, main_code = delegated_decomposition(p.prompt, p.aux_spec, p.canonical_solution)
-            elif plain_targets != "reference":
-                raise ValueError(f"plain_targets must be delegate or reference, got {plain_targets!r}")
+            aux_code, main_code = plain_split(p.prompt, p.aux_spec, p.canonical_solution)
             plain = replace(p, aux_spec="")
             out["helper"].append(
                 (chat_prompt(tokenizer, plain.helper_prompt(), HELPER_SYSTEM), f"```python\n{aux_code}```")
