@@ -129,3 +129,109 @@ def test_generate_same_tokens_with_and_without_the_kernels(embedded_tokenizer, o
     assert runs[True, 0.0] == runs[False, 0.0]
     assert runs[True, 0.8] == runs[False, 0.8]
     assert runs[True, 0.8][0] != runs[True, 0.8][1]  # sampled rows of one prompt differ: sampling happened
+
+
+def _kernels_pair(tok, seed=3):
+    """A tiny Llama with two random adapters and the decoding kernels on (as load_model sets them on CPU)."""
+    model = make_tiny_llama(vocab_size=len(tok), seed=seed)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    pm = attach_adapters(model, ["helper", "main"], r=4, alpha=8)
+    torch.manual_seed(seed + 1)
+    for n, p in pm.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.5)
+    decoding.use_decode_kernels(pm)
+    return pm.eval()
+
+
+@pytest.mark.parametrize("products", ["mkl", "onednn"])
+def test_llama_decoder_step_matches_transformers(embedded_tokenizer, one_thread, products):
+    """One decoding step over a prefilled static cache: LlamaDecoder's logits and written keys/values against
+    transformers + peft under the same kernels; "mkl" bit for bit, "onednn" to rounding."""
+    from transformers import StaticCache
+
+    pm = _kernels_pair(embedded_tokenizer)
+    base = pm.get_base_model()
+    names = ["helper", "main", "__base__"]
+    torch.manual_seed(7)
+    ids = torch.randint(0, len(embedded_tokenizer), (3, 9))
+    stacked = decoding.StackedLoRA(pm, ["helper", "main"])
+    with torch.no_grad(), stacked.hooks():
+        stacked.set_rows(names)
+        cache = StaticCache(config=base.config, max_cache_len=12)
+        pm(input_ids=ids[:, :8], past_key_values=cache, use_cache=True)
+        keys = [layer.keys.clone() for layer in cache.layers]
+        values = [layer.values.clone() for layer in cache.layers]
+        ref = pm(input_ids=ids[:, 8:], past_key_values=cache, use_cache=True).logits[:, -1]
+    decoder = decoding.LlamaDecoder(pm, stacked, products=products)
+    decoder.row_mask = stacked.row_mask(names)
+    attend = torch.zeros(3, 12, dtype=torch.bool)
+    attend[:, :9] = True
+    with torch.no_grad():
+        ours = decoder.step(ids[:, 8], torch.full((3,), 8), keys, values, 8, attend)
+    assert ours.shape == ref.shape == (3, len(embedded_tokenizer))
+    if products == "mkl":
+        assert torch.equal(ours, ref)
+        assert all(torch.equal(k, layer.keys) for k, layer in zip(keys, cache.layers, strict=True))
+    else:
+        assert torch.allclose(ours, ref, atol=1e-5, rtol=1e-5)
+        assert all(
+            torch.allclose(k, layer.keys, atol=1e-5) for k, layer in zip(keys, cache.layers, strict=True)
+        )
+    assert not torch.allclose(ours[0], ours[1], atol=1e-3)  # the rows' adapters differ
+
+
+def test_llama_decoder_refuses_what_it_does_not_compute(embedded_tokenizer):
+    pm = _kernels_pair(embedded_tokenizer)
+    unsupported = decoding.LlamaDecoder.unsupported
+    assert "StackedLoRA" in unsupported(
+        pm
+    )  # peft's active adapter would apply: not covered without StackedLoRA
+    assert unsupported(pm, decoding.StackedLoRA(pm, ["helper", "main"])) is None
+    plain = make_tiny_llama(vocab_size=len(embedded_tokenizer), seed=1)
+    assert "attention" in unsupported(plain)  # transformers' own SDPA: not the kernels' attention
+    decoding.use_decode_kernels(plain)
+    assert unsupported(plain) is None
+    assert "bfloat16" in unsupported(plain.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="cannot run"):
+        decoding.LlamaDecoder(plain)
+    with pytest.raises(ValueError, match="products"):
+        decoding.LlamaDecoder(plain.float(), products="blas")
+
+
+@pytest.mark.parametrize("products", ["mkl", "onednn"])
+def test_fast_decoding_gives_generates_completions(embedded_tokenizer, one_thread, monkeypatch, products):
+    """generate() with LlamaDecoder and with model.generate: the same sequences over left-padded prompts,
+    per-row adapters and rows that finish (EOS) in different rounds; greedy and sampled with "mkl" products (the
+    same bits), greedy with "onednn" (sampling at T = 1 over this random model's flat 49k-token distribution
+    can draw another token from logits that differ by ~1e-7)."""
+    from orchestry.llm import local
+
+    monkeypatch.setattr(decoding, "PRODUCTS", products)
+    tok = embedded_tokenizer
+    pm = _kernels_pair(tok)
+    prompts = ["def f(x):", "def f(x):", "return the sum of a list", "count vowels in s", "x", "sort it"]
+    names = ["helper", "helper", "main", "main", "__base__", "helper"]
+    first = generate(
+        pm, tok, prompts, names, max_new_tokens=40, temperature=0.0, seed=5, stop_at_code_end=False
+    )
+    # make EOS the greedy choice where the first run chose a token that one row first emits after the first
+    # round: that row then stops there (the LM head is tied to the embeddings), the others go on
+    late = [
+        t for r in first.sequences[:, first.prompt_width :].tolist() for t in set(r[local.ROUND_TOKENS :]) - set(r[: local.ROUND_TOKENS])
+    ]  # fmt: skip
+    token = max(set(late), key=lambda t: (-late.count(t), t))
+    with torch.no_grad():
+        weight = pm.get_base_model().model.embed_tokens.weight
+        weight[tok.eos_token_id] = 1.5 * weight[token]
+    for temperature in (0.0, 1.0) if products == "mkl" else (0.0,):
+        runs = {}
+        for fast in (False, True):
+            out = generate(pm, tok, prompts, names, max_new_tokens=40, temperature=temperature, seed=5,
+                           stop_at_code_end=True, fast_decoding=fast)  # fmt: skip
+            runs[fast] = out
+        assert torch.equal(runs[True].sequences, runs[False].sequences)
+        assert [g.text for g in runs[True].items] == [g.text for g in runs[False].items]
+        if temperature == 0.0:  # rows stopped in a later round while others went on
+            lengths = [g.completion_tokens for g in runs[True].items]
+            assert any(local.ROUND_TOKENS < n < 40 for n in lengths) and 40 in lengths, lengths

@@ -463,12 +463,84 @@ def _generate_in_rounds(
         ones = torch.ones(mask.shape[0], new.shape[1], dtype=mask.dtype, device=device)
         mask = torch.cat([mask, ones], dim=1)[keep]
         active = active[keep.cpu()]
+    return _laid_out(enc["input_ids"], new_tokens, pad)
+
+
+def _laid_out(prompt_ids: torch.Tensor, new_tokens: list[list[int]], pad: int) -> torch.Tensor:
+    """``[B, width + T]``: the prompts, then each row's new tokens, rows that stopped early padded with ``pad``."""
+    B, width = prompt_ids.shape
     T = max(len(t) for t in new_tokens)
-    out = torch.full((B, width + T), pad, dtype=enc["input_ids"].dtype)
-    out[:, :width] = enc["input_ids"]
+    out = torch.full((B, width + T), pad, dtype=prompt_ids.dtype)
+    out[:, :width] = prompt_ids
     for i, t in enumerate(new_tokens):
         out[i, width : width + len(t)] = torch.tensor(t, dtype=out.dtype)
     return out
+
+
+@torch.no_grad()
+def _decode_in_rounds(
+    decoder, cache, enc, tokenizer, width: int, max_new_tokens: int, sampler, fence_stop: bool, names=None
+) -> torch.Tensor:
+    """What :func:`_generate_in_rounds` returns, with each step computed by a
+    :class:`orchestry.llm.decoding.LlamaDecoder` instead of ``model.generate``.
+
+    The same token choice as transformers' greedy loop over :class:`NucleusSampler`'s scores (``argmax``), the same
+    rows carried through a round after they finish (emitting the pad token, and drawing from the random stream as
+    ``generate`` does), the same rounds of ``ROUND_TOKENS`` and rows dropped between them, a round ended early once
+    every row is done: the same completions, token for token (``tests/test_decoding.py``).
+
+    Args:
+        cache: the prompts' ``StaticCache`` from :func:`_prefix_cache` (positions ``< width - 1`` filled).
+        sampler: a :class:`NucleusSampler`, or None for greedy decoding. names: per-row adapters (with the
+            decoder's StackedLoRA), or None.
+    """
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    seqs, mask = enc["input_ids"], enc["attention_mask"]
+    B = seqs.shape[0]
+    keys = [layer.keys for layer in cache.layers]
+    values = [layer.values for layer in cache.layers]
+    attend = torch.zeros(B, keys[0].shape[2], dtype=torch.bool)
+    attend[:, :width] = mask.bool()
+    positions = mask.long().sum(dim=1) - 1  # of each row's last prompt token, the first one decoded
+    t = width - 1  # its cache position
+    stop = _FenceStop(tokenizer, width) if fence_stop else None
+    active = torch.arange(B)
+    new_tokens: list[list[int]] = [[] for _ in range(B)]
+    left = int(max_new_tokens)
+    while left > 0 and active.numel():
+        if names is not None:
+            decoder.row_mask = decoder.stacked.row_mask([names[i] for i in active.tolist()])
+        start = seqs.shape[1]
+        unfinished = torch.ones(seqs.shape[0], dtype=torch.long)
+        for _ in range(min(ROUND_TOKENS, left)):
+            logits = decoder.step(seqs[:, -1], positions, keys, values, t, attend)
+            token = torch.argmax(sampler(seqs, logits) if sampler is not None else logits, dim=-1)
+            token = token * unfinished + pad * (1 - unfinished)
+            seqs = torch.cat([seqs, token[:, None]], dim=-1)
+            finished = token == eos
+            if stop is not None:
+                finished |= stop(seqs, None)
+            unfinished = unfinished & ~finished
+            t, positions = t + 1, positions + 1
+            if t < attend.shape[1]:
+                attend[:, t] = True
+            if not bool(unfinished.any()):
+                break
+        new = seqs[:, start:]
+        for r, i in enumerate(active.tolist()):
+            new_tokens[i] += new[r].tolist()
+        left -= new.shape[1]
+        done = ((new == eos) | (new == pad)).any(dim=1)
+        if stop is not None:
+            done |= stop(seqs, None)
+        keep = (~done).nonzero().squeeze(1)
+        if left <= 0 or keep.numel() == 0:
+            break
+        if keep.numel() < seqs.shape[0]:  # the unfinished rows only, in smaller tensors
+            keys, values = [k[keep] for k in keys], [v[keep] for v in values]
+            seqs, attend, positions = seqs[keep], attend[keep], positions[keep]
+        active = active[keep]
+    return _laid_out(enc["input_ids"], new_tokens, pad)
 
 
 @torch.no_grad()
@@ -483,6 +555,7 @@ def generate(
     seed: int = 0,
     stop_at_code_end: bool = True,
     stacked_lora: bool = True,
+    fast_decoding: bool = True,
 ) -> GenerationBatch:
     """Sample one completion per prompt in ONE batched generation (all rows decoded together).
 
@@ -497,6 +570,9 @@ def generate(
         seed: seeds torch's sampler, so the same batch gives the same completions on CPU.
         stacked_lora: per-row adapters through :class:`orchestry.llm.decoding.StackedLoRA` (two products per
             LoRA layer); False: through peft's mixed batch (the same completions, slower; kept for comparison).
+        fast_decoding: decode with :class:`orchestry.llm.decoding.LlamaDecoder` where it covers the model (fp32
+            Llama on the CPU with the decoding kernels; see ``LlamaDecoder.unsupported``), else with
+            ``model.generate``: the same completions either way, the first faster (benchmarks/README.md).
 
     Returns:
         :class:`GenerationBatch` with ``sequences [B, P+T]``.
@@ -552,7 +628,21 @@ def generate(
                     max_len=width + max_new_tokens,
                     row_kwargs=row_kwargs,
                 )
-            out = _generate_in_rounds(model, enc, kwargs, tokenizer, width, stop_at_code_end, stacked)
+            decoder = _llama_decoder(model, stacked) if fast_decoding and width > 1 else None
+            if decoder is not None:
+                out = _decode_in_rounds(
+                    decoder,
+                    kwargs["past_key_values"],
+                    enc,
+                    tokenizer,
+                    width,
+                    max_new_tokens,
+                    (kwargs.get("logits_processor") or [None])[0],
+                    stop_at_code_end,
+                    adapter_names if stacked is not None else None,
+                )
+            else:
+                out = _generate_in_rounds(model, enc, kwargs, tokenizer, width, stop_at_code_end, stacked)
     finally:
         model.train(was_training)
     completion = out[:, width:]
@@ -576,6 +666,17 @@ def generate(
             )
         )
     return GenerationBatch(out, attn, width, items, time.time() - t0)
+
+
+def _llama_decoder(model, stacked):
+    """A :class:`orchestry.llm.decoding.LlamaDecoder` for this batch, or None where it does not cover the model."""
+    from orchestry.llm.decoding import LlamaDecoder
+
+    reason = LlamaDecoder.unsupported(model, stacked)
+    if reason:
+        log.debug("decoding through model.generate: %s", reason)
+        return None
+    return LlamaDecoder(model, stacked)
 
 
 def _stacked_lora(model, adapter_names: Sequence[str] | None):
