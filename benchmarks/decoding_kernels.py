@@ -9,9 +9,14 @@ number of steps), temperature 0.8, top-p 0.95, the same seed for every variant.
 Variants:
   peft         peft's mixed-adapter batch (``adapter_names``), transformers' SDPA attention, ``nn.Linear``
   stacked      + :class:`orchestry.llm.decoding.StackedLoRA` (two products per LoRA layer)
-  kernels      + ``decode_attention`` and ``DecodeLinear`` (what ``load_model`` sets on CPU)
+  kernels      + ``decode_attention`` and ``DecodeLinear`` (what ``load_model`` sets on CPU), each step through
+               ``model.generate``
+  decoder-mkl  + :class:`orchestry.llm.decoding.LlamaDecoder` for each step, MKL products (transformers' bits)
+  decoder      + LlamaDecoder with oneDNN products on weights reordered once per call (shipped)
 
 The last column counts the rows whose completion equals the ``peft`` variant's (sampling under the same seed).
+``--max-new`` with ``--stop``: the rollout as shipped (rows stop at EOS or a closed code block, and leave the
+batch between rounds) instead of a fixed number of steps.
 
 Usage::
 
@@ -32,6 +37,7 @@ import torch
 from orchestry.numerics import cpu_line
 
 ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ["peft", "stacked", "kernels", "decoder-mkl", "decoder"]
 
 
 def main() -> None:
@@ -42,8 +48,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default=str(ROOT / "models" / "base"))
     ap.add_argument("--problems", default=str(ROOT / "data" / "problems" / "train.jsonl"))
-    ap.add_argument("--only", choices=["peft", "stacked", "kernels"], help="run this variant once (no warm-up): "
+    ap.add_argument("--only", choices=VARIANTS, help="run this variant once (no warm-up): "
                     "for timing whole processes against each other")  # fmt: skip
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS)
+    ap.add_argument("--stop", action="store_true", help="stop rows at EOS / a closed code block, as shipped")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -72,21 +80,26 @@ def main() -> None:
             break
     prompts, adapters = prompts[: args.rows], adapters[: args.rows]
 
+    tokens: dict[str, int] = {}
+
     def run(variant: str) -> tuple[float, list[str]]:
-        kernels = variant == "kernels"
+        kernels = variant not in ("peft", "stacked")
+        decoding.PRODUCTS = "mkl" if variant == "decoder-mkl" else "onednn"
         base.set_attn_implementation(decoding.ATTENTION if kernels else "sdpa")
         for m in linears:
             m.__class__ = decoding.DecodeLinear if kernels else torch.nn.Linear
         t0 = time.perf_counter()
         out = generate(pm, tok, prompts, adapters, max_new_tokens=args.tokens, temperature=0.8, top_p=0.95,
-                       seed=3, stop_at_code_end=False, stacked_lora=variant != "peft")  # fmt: skip
+                       seed=3, stop_at_code_end=args.stop, stacked_lora=variant != "peft",
+                       fast_decoding=variant.startswith("decoder"))  # fmt: skip
+        tokens[variant] = sum(g.completion_tokens for g in out.items)
         return time.perf_counter() - t0, [g.text for g in out.items]
 
     if args.only:
         s, _ = run(args.only)
         print(f"{args.only}: {args.rows} rows x {args.tokens} new tokens in {s:.2f} s ({cpu_line()})")
         return
-    variants = ["peft", "stacked", "kernels"]
+    variants = args.variants
     for v in variants:
         run(v)  # warm-up
     seconds: dict[str, list[float]] = {v: [] for v in variants}
@@ -97,15 +110,16 @@ def main() -> None:
             seconds[v].append(s)
             print(f"run {r + 1}/{args.repeats} {v}: {s:.2f} s", flush=True)
     print(f"cpu: {cpu_line()}; torch threads {args.threads}; torch {torch.__version__}")
-    print(f"{args.rows} rows x {args.tokens} new tokens, medians of {args.repeats} alternating runs")
+    print(f"{args.rows} rows x {args.tokens} new tokens{' at most (rows stop as shipped)' if args.stop else ''}, "
+          f"medians of {args.repeats} alternating runs")  # fmt: skip
     print(
-        f"{'variant':10s} {'seconds':>8s} {'tokens/s':>9s} {'speed-up':>9s} {'same completions as peft':>26s}"
+        f"{'variant':12s} {'seconds':>8s} {'tokens/s':>9s} {'speed-up':>9s} {'same completions as first':>26s}"
     )
-    ref = statistics.median(seconds["peft"])
+    ref = statistics.median(seconds[variants[0]])
     for v in variants:
         s = statistics.median(seconds[v])
-        same = sum(a == b for a, b in zip(texts[v], texts["peft"], strict=True))
-        print(f"{v:10s} {s:8.2f} {args.rows * args.tokens / s:9.1f} {ref / s:8.2f}x {same:>20d}/{args.rows}")
+        same = sum(a == b for a, b in zip(texts[v], texts[variants[0]], strict=True))
+        print(f"{v:12s} {s:8.2f} {tokens[v] / s:9.1f} {ref / s:8.2f}x {same:>20d}/{args.rows}")
 
 
 if __name__ == "__main__":
