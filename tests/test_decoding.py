@@ -188,6 +188,9 @@ def test_llama_decoder_refuses_what_it_does_not_compute(embedded_tokenizer):
         pm
     )  # peft's active adapter would apply: not covered without StackedLoRA
     assert unsupported(pm, decoding.StackedLoRA(pm, ["helper", "main"])) is None
+    assert (
+        unsupported(pm, bare=True) is None
+    )  # every row on the base model: the LoRA layers are not in the step
     plain = make_tiny_llama(vocab_size=len(embedded_tokenizer), seed=1)
     assert "attention" in unsupported(plain)  # transformers' own SDPA: not the kernels' attention
     decoding.use_decode_kernels(plain)
@@ -212,6 +215,17 @@ def test_fast_decoding_gives_generates_completions(embedded_tokenizer, one_threa
     pm = _kernels_pair(tok)
     prompts = ["def f(x):", "def f(x):", "return the sum of a list", "count vowels in s", "x", "sort it"]
     names = ["helper", "helper", "main", "main", "__base__", "helper"]
+    bare = ["__base__"] * len(prompts)  # no row on an adapter: the bare base model (peft's mixed batch there)
+    seqs = {fast: generate(pm, tok, prompts, bare, max_new_tokens=20, temperature=0.0, seed=5, fast_decoding=fast)
+            for fast in (False, True)}  # fmt: skip
+    assert torch.equal(seqs[True].sequences, seqs[False].sequences)
+    assert isinstance(local._llama_decoder(pm, None, bare), decoding.LlamaDecoder)  # the fast path ran
+    assert local._llama_decoder(pm, None, None) is None  # peft's active adapter: model.generate
+    with pm.disable_adapter():
+        plain = generate(
+            pm, tok, prompts, None, max_new_tokens=20, temperature=0.0, seed=5, fast_decoding=False
+        )
+    assert torch.equal(seqs[True].sequences, plain.sequences)
     first = generate(
         pm, tok, prompts, names, max_new_tokens=40, temperature=0.0, seed=5, stop_at_code_end=False
     )

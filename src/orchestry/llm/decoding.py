@@ -241,13 +241,16 @@ class LlamaDecoder:
     Args:
         model: the (peft-wrapped) model. stacked: the batch's :class:`StackedLoRA`, or None (bare model).
         products: ``"onednn"`` or ``"mkl"``; None: :data:`PRODUCTS` (``"mkl"`` where torch has no oneDNN).
+        bare: every row runs the base model (peft's ``"__base__"`` rows): LoRA layers are skipped.
 
     Raises:
         ValueError: ``unsupported(model, stacked)`` gives a reason, or ``products`` is unknown.
     """
 
-    def __init__(self, model, stacked: StackedLoRA | None = None, products: str | None = None):
-        reason = self.unsupported(model, stacked)
+    def __init__(
+        self, model, stacked: StackedLoRA | None = None, products: str | None = None, bare: bool = False
+    ):
+        reason = self.unsupported(model, stacked, bare)
         if reason:
             raise ValueError(f"LlamaDecoder cannot run this model: {reason}")
         products = PRODUCTS if products is None else products
@@ -289,8 +292,9 @@ class LlamaDecoder:
         self.row_mask: torch.Tensor | None = None  # [B, n*r] of stacked.row_mask(names), set per batch
 
     @staticmethod
-    def unsupported(model, stacked: StackedLoRA | None = None) -> str | None:
-        """Why this model's decoding step is not the one :class:`LlamaDecoder` computes (None: it is)."""
+    def unsupported(model, stacked: StackedLoRA | None = None, bare: bool = False) -> str | None:
+        """Why this model's decoding step is not the one :class:`LlamaDecoder` computes (None: it is).
+        ``bare``: the rows use no adapter, so LoRA layers are not in the step."""
         from peft.tuners.lora import LoraLayer
 
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -309,7 +313,7 @@ class LlamaDecoder:
             return "not on the CPU"
         covered = {id(m) for m, _, _ in stacked.layers} if stacked is not None else set()
         for module in base.modules():
-            if isinstance(module, LoraLayer) and id(module) not in covered:
+            if isinstance(module, LoraLayer) and id(module) not in covered and not bare:
                 return "a LoRA layer outside the batch's StackedLoRA (peft's active adapters)"
             if isinstance(module, torch.nn.Linear) and type(module) not in (torch.nn.Linear, DecodeLinear):
                 return f"linear layer of type {type(module).__name__}"

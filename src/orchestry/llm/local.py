@@ -628,7 +628,7 @@ def generate(
                     max_len=width + max_new_tokens,
                     row_kwargs=row_kwargs,
                 )
-            decoder = _llama_decoder(model, stacked) if fast_decoding and width > 1 else None
+            decoder = _llama_decoder(model, stacked, adapter_names) if fast_decoding and width > 1 else None
             if decoder is not None:
                 out = _decode_in_rounds(
                     decoder,
@@ -668,15 +668,22 @@ def generate(
     return GenerationBatch(out, attn, width, items, time.time() - t0)
 
 
-def _llama_decoder(model, stacked):
-    """A :class:`orchestry.llm.decoding.LlamaDecoder` for this batch, or None where it does not cover the model."""
+def _llama_decoder(model, stacked, adapter_names: Sequence[str] | None):
+    """A :class:`orchestry.llm.decoding.LlamaDecoder` for this batch, or None where it does not cover the model.
+    A batch whose rows all name no adapter of the model (peft's ``"__base__"``) runs the bare base model."""
     from orchestry.llm.decoding import LlamaDecoder
 
-    reason = LlamaDecoder.unsupported(model, stacked)
+    bare = (
+        stacked is None
+        and adapter_names is not None
+        and hasattr(model, "peft_config")
+        and not set(adapter_names) & set(model.peft_config)
+    )
+    reason = LlamaDecoder.unsupported(model, stacked, bare)
     if reason:
         log.debug("decoding through model.generate: %s", reason)
         return None
-    return LlamaDecoder(model, stacked)
+    return LlamaDecoder(model, stacked, bare=bare)
 
 
 def _stacked_lora(model, adapter_names: Sequence[str] | None):
