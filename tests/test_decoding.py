@@ -249,3 +249,14 @@ def test_fast_decoding_gives_generates_completions(embedded_tokenizer, one_threa
         if temperature == 0.0:  # rows stopped in a later round while others went on
             lengths = [g.completion_tokens for g in runs[True].items]
             assert any(local.ROUND_TOKENS < n < 40 for n in lengths) and 40 in lengths, lengths
+
+
+def test_use_products_sets_the_decoders_products(embedded_tokenizer, monkeypatch):
+    monkeypatch.setattr(decoding, "PRODUCTS", "onednn")
+    decoding.use_products("mkl")
+    plain = make_tiny_llama(vocab_size=len(embedded_tokenizer), seed=1)
+    decoding.use_decode_kernels(plain)
+    assert decoding.LlamaDecoder(plain).products == "mkl"
+    with pytest.raises(ValueError, match="decode products"):
+        decoding.use_products("blas")
+    assert decoding.PRODUCTS == "mkl"

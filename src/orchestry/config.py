@@ -55,6 +55,12 @@ class ModelParams(_Section):
         "every x86-64 CPU with AVX2 and an fp32 update, for numbers that match across CPU kinds; slower; "
         "orchestry.numerics, docs/reproducibility.md)",
     )
+    decode_products: Literal["onednn", "mkl"] = Field(
+        "onednn",
+        description="how decoding computes the base model's projections on the CPU (orchestry.llm.decoding."
+        "LlamaDecoder): onednn (faster; a reordered copy of the base weights during each generate call, +0.5 GB "
+        "for the embedded model) | mkl (transformers' own products, no copy)",
+    )
 
 
 class SamplingParams(_Section):

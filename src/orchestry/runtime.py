@@ -32,6 +32,9 @@ def start_stage(name: str, params_path: str = "params.yaml") -> Params:
     from orchestry.numerics import apply_numerics
 
     apply_numerics(params.model.numerics)  # before torch computes anything: it pins the kernel paths
+    from orchestry.llm.decoding import use_products
+
+    use_products(params.model.decode_products)
     import torch
 
     torch.manual_seed(0)
@@ -160,6 +163,9 @@ def load_policy(
     from orchestry.llm.local import load_model
 
     torch.set_num_threads(cpu_threads())
+    from orchestry.llm.decoding import use_products
+
+    use_products(params.model.decode_products)
     model, tok = load_model(params.model.path, params.model.dtype, params.model.load_in_4bit)
     if with_adapters:
         from peft import PeftModel

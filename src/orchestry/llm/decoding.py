@@ -220,6 +220,14 @@ class StackedLoRA:
 PRODUCTS = "onednn"
 
 
+def use_products(name: str) -> None:
+    """Set :data:`PRODUCTS` for this process (``model.decode_products``). Raises ValueError on another name."""
+    global PRODUCTS
+    if name not in ("onednn", "mkl"):
+        raise ValueError(f"decode products must be 'onednn' or 'mkl', got {name!r}")
+    PRODUCTS = name
+
+
 def _onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
