@@ -221,11 +221,12 @@ def test_fast_decoding_gives_generates_completions(embedded_tokenizer, one_threa
     assert torch.equal(seqs[True].sequences, seqs[False].sequences)
     assert isinstance(local._llama_decoder(pm, None, bare), decoding.LlamaDecoder)  # the fast path ran
     assert local._llama_decoder(pm, None, None) is None  # peft's active adapter: model.generate
-    with pm.disable_adapter():
-        plain = generate(
-            pm, tok, prompts, None, max_new_tokens=20, temperature=0.0, seed=5, fast_decoding=False
-        )
-    assert torch.equal(seqs[True].sequences, plain.sequences)
+    with pm.disable_adapter():  # evaluate's base pair: no adapter names, peft's adapters switched off
+        assert isinstance(local._llama_decoder(pm, None, None), decoding.LlamaDecoder)
+        plain = {fast: generate(pm, tok, prompts, None, max_new_tokens=20, temperature=0.0, seed=5,
+                                fast_decoding=fast) for fast in (False, True)}  # fmt: skip
+    assert torch.equal(seqs[True].sequences, plain[False].sequences)
+    assert torch.equal(plain[True].sequences, plain[False].sequences)
     first = generate(
         pm, tok, prompts, names, max_new_tokens=40, temperature=0.0, seed=5, stop_at_code_end=False
     )

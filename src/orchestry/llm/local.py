@@ -670,15 +670,19 @@ def generate(
 
 def _llama_decoder(model, stacked, adapter_names: Sequence[str] | None):
     """A :class:`orchestry.llm.decoding.LlamaDecoder` for this batch, or None where it does not cover the model.
-    A batch whose rows all name no adapter of the model (peft's ``"__base__"``) runs the bare base model."""
+    A batch whose rows all name no adapter of the model (peft's ``"__base__"``), or a batch without adapter names
+    inside peft's ``disable_adapter()``, runs the bare base model."""
+    from peft.tuners.lora import LoraLayer
+
     from orchestry.llm.decoding import LlamaDecoder
 
-    bare = (
-        stacked is None
-        and adapter_names is not None
-        and hasattr(model, "peft_config")
-        and not set(adapter_names) & set(model.peft_config)
-    )
+    bare = False
+    if stacked is None and hasattr(model, "peft_config"):
+        if adapter_names is not None:
+            bare = not set(adapter_names) & set(model.peft_config)
+        else:
+            lora = [m for m in model.modules() if isinstance(m, LoraLayer)]
+            bare = bool(lora) and all(m.disable_adapters for m in lora)
     reason = LlamaDecoder.unsupported(model, stacked, bare)
     if reason:
         log.debug("decoding through model.generate: %s", reason)
