@@ -15,8 +15,8 @@ Variants:
   decoder      + LlamaDecoder with oneDNN products on weights reordered once per call (shipped)
 
 The last column counts the rows whose completion equals the ``peft`` variant's (sampling under the same seed).
-``--max-new`` with ``--stop``: the rollout as shipped (rows stop at EOS or a closed code block, and leave the
-batch between rounds) instead of a fixed number of steps.
+With ``--stop`` each row decodes at most ``--tokens`` tokens as shipped (it stops at EOS or a closed code block
+and leaves the batch between rounds) instead of exactly ``--tokens``; tokens/s then count the tokens decoded.
 
 Usage::
 
@@ -84,7 +84,7 @@ def main() -> None:
 
     def run(variant: str) -> tuple[float, list[str]]:
         kernels = variant not in ("peft", "stacked")
-        decoding.PRODUCTS = "mkl" if variant == "decoder-mkl" else "onednn"
+        decoding.use_products("mkl" if variant == "decoder-mkl" else "onednn")
         base.set_attn_implementation(decoding.ATTENTION if kernels else "sdpa")
         for m in linears:
             m.__class__ = decoding.DecodeLinear if kernels else torch.nn.Linear

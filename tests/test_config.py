@@ -196,6 +196,19 @@ def test_stage_start_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.Captu
     assert "train_magrpo.learning_rate" in capsys.readouterr().err
 
 
+def test_stage_start_puts_decode_products_into_effect(tmp_path: Path, monkeypatch) -> None:
+    from orchestry.llm import decoding
+    from orchestry.numerics import NUMERICS_ENV
+    from orchestry.runtime import start_stage
+
+    monkeypatch.setattr(decoding, "PRODUCTS", "onednn")
+    monkeypatch.delenv(NUMERICS_ENV, raising=False)
+    path = tmp_path / "params.yaml"
+    path.write_text("model:\n  decode_products: mkl\n")
+    assert start_stage("t", str(path)).model.decode_products == "mkl"
+    assert decoding.PRODUCTS == "mkl"
+
+
 VICTIM = """
 import signal, sys, time
 from orchestry.tracking.runs import stage_run

@@ -70,10 +70,12 @@ def test_decode_linear_matches_linear(rows):
     assert torch.equal(y, ref) and lin.weight.grad is not None
 
 
-def _pair(seed=0):
-    model = make_tiny_llama(vocab_size=64, seed=seed)
+def _pair(seed=0, vocab_size=64, b_seed=None):
+    """A tiny Llama with adapters ``helper`` and ``main`` whose LoRA B are random (seed ``b_seed``, default
+    ``seed + 10``), so the two agents differ from each other and from the base."""
+    model = make_tiny_llama(vocab_size=vocab_size, seed=seed)
     pm = attach_adapters(model, ["helper", "main"], r=4, alpha=8)
-    torch.manual_seed(seed + 10)
+    torch.manual_seed(seed + 10 if b_seed is None else b_seed)
     for n, p in pm.named_parameters():
         if "lora_B" in n:
             torch.nn.init.normal_(p, std=0.5)
@@ -108,12 +110,7 @@ def test_generate_same_tokens_with_and_without_the_kernels(embedded_tokenizer, o
     """Greedy and seeded sampling give the same completions through peft's mixed batch and SDPA as through the
     stacked LoRA, the decoding attention and DecodeLinear (tiny model: its logits differ by ~1e-6)."""
     tok = embedded_tokenizer
-    model = make_tiny_llama(vocab_size=len(tok), seed=3)
-    pm = attach_adapters(model, ["helper", "main"], r=4, alpha=8)
-    torch.manual_seed(4)
-    for n, p in pm.named_parameters():
-        if "lora_B" in n:
-            torch.nn.init.normal_(p, std=0.5)
+    pm = _pair(seed=3, vocab_size=len(tok), b_seed=4)
     prompts = ["def f(x):", "def f(x):", "return the sum", "count vowels in s"]
     names = ["helper", "helper", "main", "__base__"]
     runs = {}
@@ -132,16 +129,11 @@ def test_generate_same_tokens_with_and_without_the_kernels(embedded_tokenizer, o
 
 
 def _kernels_pair(tok, seed=3):
-    """A tiny Llama with two random adapters and the decoding kernels on (as load_model sets them on CPU)."""
-    model = make_tiny_llama(vocab_size=len(tok), seed=seed)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    pm = attach_adapters(model, ["helper", "main"], r=4, alpha=8)
-    torch.manual_seed(seed + 1)
-    for n, p in pm.named_parameters():
-        if "lora_B" in n:
-            torch.nn.init.normal_(p, std=0.5)
+    """:func:`_pair` over the tokenizer's vocabulary with the decoding kernels on (as load_model sets them)."""
+    pm = _pair(seed=seed, vocab_size=len(tok), b_seed=seed + 1)
+    pm.get_base_model().generation_config.pad_token_id = tok.pad_token_id
     decoding.use_decode_kernels(pm)
-    return pm.eval()
+    return pm
 
 
 @pytest.mark.parametrize("products", ["mkl", "onednn"])
@@ -184,13 +176,11 @@ def test_llama_decoder_step_matches_transformers(embedded_tokenizer, one_thread,
 def test_llama_decoder_refuses_what_it_does_not_compute(embedded_tokenizer):
     pm = _kernels_pair(embedded_tokenizer)
     unsupported = decoding.LlamaDecoder.unsupported
-    assert "StackedLoRA" in unsupported(
-        pm
-    )  # peft's active adapter would apply: not covered without StackedLoRA
+    # peft's active adapter would apply: not covered without StackedLoRA
+    assert "StackedLoRA" in unsupported(pm)
     assert unsupported(pm, decoding.StackedLoRA(pm, ["helper", "main"])) is None
-    assert (
-        unsupported(pm, bare=True) is None
-    )  # every row on the base model: the LoRA layers are not in the step
+    # every row on the base model: the LoRA layers are not in the step
+    assert unsupported(pm, bare=True) is None
     plain = make_tiny_llama(vocab_size=len(embedded_tokenizer), seed=1)
     assert "attention" in unsupported(plain)  # transformers' own SDPA: not the kernels' attention
     decoding.use_decode_kernels(plain)

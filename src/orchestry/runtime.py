@@ -16,7 +16,8 @@ from orchestry.params_file import ParamsError, load_params
 
 def start_stage(name: str, params_path: str = "params.yaml") -> Params:
     """Configure logging, validate ``params.yaml`` (exit 2 with the message on error), put ``model.numerics`` into
-    effect (:func:`orchestry.numerics.apply_numerics`) and seed RNGs."""
+    effect (:func:`orchestry.numerics.apply_numerics`) and ``model.decode_products``
+    (:func:`orchestry.llm.decoding.use_products`: also for models that backends load), and seed RNGs."""
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {name} %(name)s: %(message)s", datefmt="%H:%M:%S"
     )

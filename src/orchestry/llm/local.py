@@ -445,13 +445,11 @@ def _generate_in_rounds(
                 kw["adapter_names"] = names
         res = model.generate(input_ids=ids, attention_mask=mask, **kw)
         new = res.sequences[:, ids.shape[1] :]
-        for r, i in enumerate(active.tolist()):
-            new_tokens[i] += new[r].tolist()  # (ids come back to the CPU here)
-        left -= new.shape[1]
         done = ((new == tokenizer.eos_token_id) | (new == pad)).any(dim=1)
         if stop is not None:
             done |= stop(res.sequences, None)
-        keep = (~done).nonzero().squeeze(1)
+        keep = _end_round(new_tokens, active, new, done)
+        left -= new.shape[1]
         if left <= 0 or keep.numel() == 0:
             break
         cache = res.past_key_values
@@ -464,6 +462,14 @@ def _generate_in_rounds(
         mask = torch.cat([mask, ones], dim=1)[keep]
         active = active[keep.cpu()]
     return _laid_out(enc["input_ids"], new_tokens, pad)
+
+
+def _end_round(new_tokens: list[list[int]], active: torch.Tensor, new: torch.Tensor, done: torch.Tensor):
+    """Append each active row's round of ``new`` tokens to ``new_tokens`` (indexed by original row; the ids come
+    back to the CPU here); return the indices, within this round's batch, of the rows that go on (``~done``)."""
+    for r, i in enumerate(active.tolist()):
+        new_tokens[i] += new[r].tolist()
+    return (~done).nonzero().squeeze(1)
 
 
 def _laid_out(prompt_ids: torch.Tensor, new_tokens: list[list[int]], pad: int) -> torch.Tensor:
@@ -527,13 +533,11 @@ def _decode_in_rounds(
             if not bool(unfinished.any()):
                 break
         new = seqs[:, start:]
-        for r, i in enumerate(active.tolist()):
-            new_tokens[i] += new[r].tolist()
+        # what _generate_in_rounds finds at a round's end (an EOS or pad token, or a closed fence): a row that
+        # finished has unfinished == 0, and one that did not saw the fence test fail on these very tokens
+        done = (unfinished == 0) | (new == pad).any(dim=1)
+        keep = _end_round(new_tokens, active, new, done)
         left -= new.shape[1]
-        done = ((new == eos) | (new == pad)).any(dim=1)
-        if stop is not None:
-            done |= stop(seqs, None)
-        keep = (~done).nonzero().squeeze(1)
         if left <= 0 or keep.numel() == 0:
             break
         if keep.numel() < seqs.shape[0]:  # the unfinished rows only, in smaller tensors
@@ -590,8 +594,9 @@ def generate(
     # sampling: NucleusSampler draws the token (same distribution as transformers' temperature + top-p warpers,
     # without sorting the vocabulary) and greedy decoding emits it
     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    if temperature and temperature > 0:
-        kwargs["logits_processor"] = LogitsProcessorList([NucleusSampler(temperature, top_p)])
+    sampler = NucleusSampler(temperature, top_p) if temperature and temperature > 0 else None
+    if sampler is not None:
+        kwargs["logits_processor"] = LogitsProcessorList([sampler])
     if stop_at_code_end:
         kwargs["stopping_criteria"] = StoppingCriteriaList([_FenceStop(tokenizer, width)])
     if adapter_names is not None:
@@ -637,7 +642,7 @@ def generate(
                     tokenizer,
                     width,
                     max_new_tokens,
-                    (kwargs.get("logits_processor") or [None])[0],
+                    sampler,
                     stop_at_code_end,
                     adapter_names if stacked is not None else None,
                 )
