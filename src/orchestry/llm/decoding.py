@@ -214,6 +214,94 @@ class StackedLoRA:
         self._mask = self.row_mask(names)
 
 
+class SharedPrefix:
+    """The prompts' keys and values, stored once per distinct prompt, for the rows of a decoding batch that share them.
+
+    The G rows that sample one agent's prompt on one problem see the same prompt positions; a per-row cache holds
+    (and each decoding step reads) G copies of them. Here each distinct prompt's positions are kept once, and a
+    step's attention over them is one product per prompt with the query vectors of all its rows stacked: the
+    G-fold read of the prompt's keys and values becomes one (the idea of Hydragen, Juravsky et al. 2024, and of
+    cascade attention). The rows' own new positions stay in a per-row cache (:meth:`LlamaDecoder.step`).
+
+    Args:
+        keys, values: one ``[n, H_kv, W, D]`` tensor per layer: the ``n`` distinct prompts' positions, left-padded
+            to the same ``W``. visible: bool ``[n, W]``, True at a prompt's content positions.
+        group: ``[B]`` long, the prompt of each row (``0 <= group < n``).
+
+    Raises:
+        ValueError: shapes disagree, or a row names no prompt.
+    """
+
+    def __init__(self, keys, values, visible: torch.Tensor, group: torch.Tensor):
+        n, W = visible.shape
+        if len(keys) != len(values) or any(k.shape[0] != n or k.shape[2] != W for k in (*keys, *values)):
+            raise ValueError(
+                f"prefix keys/values must be [{n}, H_kv, {W}, D] per layer, as visible [{n}, {W}]"
+            )
+        group = group.long()
+        if group.numel() and (int(group.min()) < 0 or int(group.max()) >= n):
+            raise ValueError(f"row groups must lie in [0, {n}), got {group.tolist()}")
+        self.keys_t = [k.transpose(-1, -2).contiguous() for k in keys]  # [n, H_kv, D, W]: read as one product
+        self.values = list(values)
+        self.visible = visible.bool()
+        self._place(group)
+
+    def _place(self, group: torch.Tensor) -> None:
+        """Rows' slots within their prompt: row b is query ``slot[b]`` of prompt ``group[b]``."""
+        self.group = group
+        slot = torch.zeros_like(group)
+        counts: dict[int, int] = {}
+        for b, g in enumerate(group.tolist()):
+            slot[b] = counts.get(g, 0)
+            counts[g] = slot[b].item() + 1
+        self.slot = slot
+        self.slots = max(counts.values(), default=1)
+        n = self.visible.shape[0]
+        self.identity = self.slots == 1 and group.numel() == n and torch.equal(group, torch.arange(n))
+
+    @property
+    def width(self) -> int:
+        return self.visible.shape[1]
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (indices into the current batch), in that order; prompts no row uses are dropped."""
+        group = self.group[rows]
+        live, group = torch.unique(group, return_inverse=True)
+        if live.numel() < self.visible.shape[0]:
+            self.keys_t = [k[live] for k in self.keys_t]
+            self.values = [v[live] for v in self.values]
+            self.visible = self.visible[live]
+        self._place(group.reshape(-1))
+
+    def row_visible(self) -> torch.Tensor:
+        """bool ``[B, W]``: the prompt positions each row attends to."""
+        return self.visible[self.group]
+
+    def _stacked(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, H_kv, g, F]`` -> ``[n, H_kv, slots * g, F]``: each prompt's rows side by side (empty slots 0)."""
+        B, Hkv, g, F = x.shape
+        out = x.new_zeros(self.visible.shape[0], Hkv, self.slots, g, F)
+        out[self.group, :, self.slot] = x
+        return out.view(out.shape[0], Hkv, self.slots * g, F)
+
+    def _rows(self, y: torch.Tensor, g: int) -> torch.Tensor:
+        """Inverse of :meth:`_stacked` for a product's result ``[n, H_kv, slots * g, F]`` -> ``[B, H_kv, g, F]``."""
+        n, Hkv, _, F = y.shape
+        return y.view(n, Hkv, self.slots, g, F)[self.group, :, self.slot]
+
+    def scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """``q [B, H_kv, g, D]`` (grouped query heads) -> ``q · k`` over the prompt positions, ``[B, H_kv, g, W]``."""
+        if self.identity:
+            return torch.matmul(q, self.keys_t[layer])
+        return self._rows(torch.matmul(self._stacked(q), self.keys_t[layer]), q.shape[2])
+
+    def mix(self, layer: int, probs: torch.Tensor) -> torch.Tensor:
+        """``probs [B, H_kv, g, W]`` (attention weights on the prompt positions) -> ``probs · v``, ``[B, H_kv, g, D]``."""
+        if self.identity:
+            return torch.matmul(probs, self.values[layer])
+        return self._rows(torch.matmul(self._stacked(probs), self.values[layer]), probs.shape[2])
+
+
 #: How :class:`LlamaDecoder` computes its projections: ``"onednn"`` (oneDNN's fp32 inner product on weights
 #: reordered once per decoder: 1.5-1.75x faster than MKL's GEMM for the embedded model's layers at 16-64 rows on
 #: an AVX-512 CPU, benchmarks/README.md) or ``"mkl"`` (what transformers computes under DecodeLinear, bit for bit).
@@ -354,7 +442,7 @@ class LlamaDecoder:
         half = x.shape[-1] // 2
         return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
-    def step(self, tokens, positions, keys, values, t: int, attend) -> torch.Tensor:
+    def step(self, tokens, positions, keys, values, t: int, attend, prefix: SharedPrefix | None = None):
         """Logits of the next token of every row; writes the rows' key and value at cache position ``t``.
 
         Args:
@@ -362,19 +450,25 @@ class LlamaDecoder:
                 left-padded, so a row's position is its count of attended tokens minus one).
             keys, values: one ``[B, H_kv, L, D]`` cache per layer, positions ``< t`` filled.
             attend: bool ``[B, L]``, True where a row may attend (``attend[:, t]`` included).
+            prefix: the rows' prompt positions held once per distinct prompt (:class:`SharedPrefix`); then
+                ``keys``, ``values``, ``attend`` and ``t`` cover only the positions after them (each row's own), and
+                a row attends to its prompt's visible positions followed by its own. Its attention then sums over
+                the two parts separately (logits within rounding of the one-cache step, not its bits).
 
         Returns:
             ``[B, vocab]`` fp32 logits.
         """
         B = tokens.shape[0]
         H, Hkv, D = self.heads, self.kv_heads, self.head_dim
+        g = H // Hkv
         h = self.embed[tokens]
         freqs = positions[:, None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scale)[:, None, :]
         sin = (emb.sin() * self.rope_scale)[:, None, :]
         n = t + 1
-        hidden = ~attend[:, None, None, :n]
+        seen = attend[:, :n] if prefix is None else torch.cat([prefix.row_visible(), attend[:, :n]], dim=1)
+        hidden = ~seen[:, None, None, :]
         scale = D**-0.5
         for i, (norm1, (q_p, k_p, v_p, o_p), norm2, (g_p, u_p, d_p)) in enumerate(self.layers):
             x = self._rms(h, norm1)
@@ -385,10 +479,18 @@ class LlamaDecoder:
             k = k * cos + self._rotate_half(k) * sin
             keys[i][:, :, t] = k
             values[i][:, :, t] = v
-            scores = torch.matmul(q.reshape(B, Hkv, H // Hkv, D), keys[i][:, :, :n].transpose(-1, -2)) * scale
-            scores = scores.masked_fill(hidden, float("-inf"))
-            att = torch.matmul(torch.softmax(scores, dim=-1), values[i][:, :, :n]).reshape(B, H * D)
-            h = h + self._linear(att, o_p)
+            q = q.reshape(B, Hkv, g, D)
+            scores = torch.matmul(q, keys[i][:, :, :n].transpose(-1, -2))
+            if prefix is not None:
+                scores = torch.cat([prefix.scores(i, q), scores], dim=-1)
+            scores = (scores * scale).masked_fill(hidden, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            if prefix is None:
+                att = torch.matmul(probs, values[i][:, :, :n])
+            else:
+                W = prefix.width
+                att = prefix.mix(i, probs[..., :W]) + torch.matmul(probs[..., W:], values[i][:, :, :n])
+            h = h + self._linear(att.reshape(B, H * D), o_p)
             x = self._rms(h, norm2)
             gate = torch.nn.functional.silu(self._linear(x, g_p))
             h = h + self._linear(gate * self._linear(x, u_p), d_p)

@@ -265,26 +265,27 @@ def _prefill_buckets(lengths: Sequence[int], budget: int | None = None) -> list[
     return buckets
 
 
-def _prefix_cache(model, ids: torch.Tensor, mask: torch.Tensor, groups, max_len: int, row_kwargs=None):
-    """KV cache of ``ids[:, :-1]`` (left-padded prompts) computed once per group, spread to every row.
+def _prefill_groups(model, ids: torch.Tensor, mask: torch.Tensor, groups, row_kwargs=None):
+    """Keys and values of ``ids[:, :-1]`` (left-padded prompts), computed once per group of rows sharing a prompt.
 
-    The last prompt token is left out so that ``generate`` still has a token to process. The distinct prompts
-    are prefilled in buckets of similar length (:func:`_prefill_buckets`), each bucket only as wide as its
-    longest prompt, so the left padding of short prompts to the batch's longest is not computed: content
-    positions keep their position ids (counted from each prompt's first token) and land at the same cache
-    positions as in one padded forward; padding positions hold zeros, which the attention mask hides. The cache
-    is a transformers ``StaticCache`` of ``max_len`` positions: decoding writes each new position in place, where
-    the default dynamic cache re-allocates and copies the whole cache at every step (its cost is measured in
-    benchmarks/README.md, "Decoding details").
+    The last prompt token is left out so that decoding still has a token to process. The distinct prompts are
+    prefilled in buckets of similar length (:func:`_prefill_buckets`), each bucket only as wide as its longest
+    prompt, so the left padding of short prompts to the batch's longest is not computed: content positions keep
+    their position ids (counted from each prompt's first token) and land at the same positions as in one padded
+    forward; padding positions hold zeros, which the attention mask hides.
 
     Args:
         groups: ``(first_row_of_group [n], group_of_row [B])`` (:func:`_prompt_groups`).
         row_kwargs: ``row_kwargs(rows)`` -> extra forward kwargs for the prefill of ``ids[rows]`` (e.g. per-row
             adapters), called before each bucket's forward.
+
+    Returns:
+        ``(keys, values)``: one ``[n, H_kv, W - 1, D]`` tensor per layer (``W = ids.shape[1]``; empty lists when
+        every prompt is one token long).
     """
     from transformers import DynamicCache
 
-    first, index = groups
+    first, _ = groups
     sub_ids, sub_mask = ids[first, :-1], mask[first, :-1]
     n, W = sub_ids.shape
     lengths = sub_mask.sum(dim=1).tolist()
@@ -292,7 +293,7 @@ def _prefix_cache(model, ids: torch.Tensor, mask: torch.Tensor, groups, max_len:
     values: list[torch.Tensor] = []
     for bucket in _prefill_buckets(lengths):
         w = max(lengths[j] for j in bucket)
-        if w == 0:  # one-token prompts: nothing before the token that generate processes
+        if w == 0:  # one-token prompts: nothing before the token that decoding processes
             continue
         sel = torch.tensor(bucket, device=sub_ids.device)
         b_ids, b_mask = sub_ids[sel, W - w :], sub_mask[sel, W - w :]
@@ -314,10 +315,21 @@ def _prefix_cache(model, ids: torch.Tensor, mask: torch.Tensor, groups, max_len:
                 values.append(layer.values.new_zeros(shape))
             keys[i][sel, :, W - layer.keys.shape[2] :] = layer.keys
             values[i][sel, :, W - layer.values.shape[2] :] = layer.values
+    return keys, values
+
+
+def _prefix_cache(model, ids: torch.Tensor, mask: torch.Tensor, groups, max_len: int, row_kwargs=None):
+    """The prompts' keys and values (:func:`_prefill_groups`) spread to every row, in a transformers
+    ``StaticCache`` of ``max_len`` positions: ``model.generate`` then writes each new position in place, where the
+    default dynamic cache re-allocates and copies the whole cache at every step (its cost is measured in
+    benchmarks/README.md, "Decoding details")."""
+    from transformers import DynamicCache
+
+    keys, values = _prefill_groups(model, ids, mask, groups, row_kwargs)
     full = DynamicCache()
     for i in range(len(keys)):
         full.update(keys[i], values[i], i)
-    return _static_rows(model, full, index, max_len)
+    return _static_rows(model, full, groups[1], max_len)
 
 
 def _static_rows(model, cache, rows: torch.Tensor, max_len: int):
@@ -485,7 +497,7 @@ def _laid_out(prompt_ids: torch.Tensor, new_tokens: list[list[int]], pad: int) -
 
 @torch.no_grad()
 def _decode_in_rounds(
-    decoder, cache, enc, tokenizer, width: int, max_new_tokens: int, sampler, fence_stop: bool, names=None
+    decoder, prefix, enc, tokenizer, width: int, max_new_tokens: int, sampler, fence_stop: bool, names=None
 ) -> torch.Tensor:
     """What :func:`_generate_in_rounds` returns, with each step computed by a
     :class:`orchestry.llm.decoding.LlamaDecoder` instead of ``model.generate``.
@@ -493,22 +505,27 @@ def _decode_in_rounds(
     The same token choice as transformers' greedy loop over :class:`NucleusSampler`'s scores (``argmax``), the same
     rows carried through a round after they finish (emitting the pad token, and drawing from the random stream as
     ``generate`` does), the same rounds of ``ROUND_TOKENS`` and rows dropped between them, a round ended early once
-    every row is done: the same completions, token for token (``tests/test_decoding.py``).
+    every row is done: the same completions (``tests/test_decoding.py``; the attention's sums over the shared
+    prompt positions run in another order, so logits agree to rounding).
 
     Args:
-        cache: the prompts' ``StaticCache`` from :func:`_prefix_cache` (positions ``< width - 1`` filled).
+        prefix: the prompts' positions ``< width - 1``, once per distinct prompt
+            (:class:`orchestry.llm.decoding.SharedPrefix`); each row's later positions (its last prompt token, then
+            its new tokens) go to a per-row cache of ``max_new_tokens`` positions.
         sampler: a :class:`NucleusSampler`, or None for greedy decoding. names: per-row adapters (with the
             decoder's StackedLoRA), or None.
     """
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     seqs, mask = enc["input_ids"], enc["attention_mask"]
     B = seqs.shape[0]
-    keys = [layer.keys for layer in cache.layers]
-    values = [layer.values for layer in cache.layers]
-    attend = torch.zeros(B, keys[0].shape[2], dtype=torch.bool)
-    attend[:, :width] = mask.bool()
-    positions = mask.long().sum(dim=1) - 1  # of each row's last prompt token, the first one decoded
-    t = width - 1  # its cache position
+    like = prefix.values[0]
+    shape = (B, decoder.kv_heads, int(max_new_tokens), decoder.head_dim)
+    keys = [like.new_zeros(shape) for _ in prefix.values]
+    values = [like.new_zeros(shape) for _ in prefix.values]
+    attend = torch.zeros(B, shape[2], dtype=torch.bool)
+    attend[:, 0] = True  # the last prompt token, the first one decoded (rows are left-padded: never padding)
+    positions = mask.long().sum(dim=1) - 1  # its position id
+    t = 0  # its position in the rows' own cache
     stop = _FenceStop(tokenizer, width) if fence_stop else None
     active = torch.arange(B)
     new_tokens: list[list[int]] = [[] for _ in range(B)]
@@ -519,7 +536,7 @@ def _decode_in_rounds(
         start = seqs.shape[1]
         unfinished = torch.ones(seqs.shape[0], dtype=torch.long)
         for _ in range(min(ROUND_TOKENS, left)):
-            logits = decoder.step(seqs[:, -1], positions, keys, values, t, attend)
+            logits = decoder.step(seqs[:, -1], positions, keys, values, t, attend, prefix)
             token = torch.argmax(sampler(seqs, logits) if sampler is not None else logits, dim=-1)
             token = token * unfinished + pad * (1 - unfinished)
             seqs = torch.cat([seqs, token[:, None]], dim=-1)
@@ -543,6 +560,7 @@ def _decode_in_rounds(
         if keep.numel() < seqs.shape[0]:  # the unfinished rows only, in smaller tensors
             keys, values = [k[keep] for k in keys], [v[keep] for v in values]
             seqs, attend, positions = seqs[keep], attend[keep], positions[keep]
+            prefix.select(keep)
         active = active[keep]
     return _laid_out(enc["input_ids"], new_tokens, pad)
 
@@ -583,6 +601,8 @@ def generate(
     """
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
+    from orchestry.llm.decoding import LlamaDecoder, SharedPrefix
+
     t0 = time.time()
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
     width = enc["input_ids"].shape[1]
@@ -608,6 +628,7 @@ def generate(
     try:
         with stacked.hooks() if stacked is not None else contextlib.nullcontext():
             # rows repeating a prompt (G samples per agent and problem): prefill each distinct prompt once
+            decoder = None
             if width > 1:
                 rows = torch.arange(len(prompts))
                 groups = _prompt_groups(enc["input_ids"], enc["attention_mask"], adapter_names) or (
@@ -625,19 +646,22 @@ def generate(
                         return {"adapter_names": names}
 
                 device = getattr(model, "device", torch.device("cpu"))
-                kwargs["past_key_values"] = _prefix_cache(
-                    model,
-                    enc["input_ids"].to(device),
-                    enc["attention_mask"].to(device),
-                    tuple(t.to(device) for t in groups),
-                    max_len=width + max_new_tokens,
-                    row_kwargs=row_kwargs,
-                )
-            decoder = _llama_decoder(model, stacked, adapter_names) if fast_decoding and width > 1 else None
+                ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+                groups = tuple(t.to(device) for t in groups)
+                bare = _decoder_bare(model, stacked, adapter_names) if fast_decoding else None
+                # LlamaDecoder covers the model: its reordered weights are made after the prefill (memory)
+                if bare is not None:
+                    keys, values = _prefill_groups(model, ids, mask, groups, row_kwargs)
+                    prefix = SharedPrefix(keys, values, mask[groups[0], :-1], groups[1])
+                    decoder = LlamaDecoder(model, stacked, bare=bare)
+                else:
+                    kwargs["past_key_values"] = _prefix_cache(
+                        model, ids, mask, groups, max_len=width + max_new_tokens, row_kwargs=row_kwargs
+                    )
             if decoder is not None:
                 out = _decode_in_rounds(
                     decoder,
-                    kwargs["past_key_values"],
+                    prefix,
                     enc,
                     tokenizer,
                     width,
@@ -673,10 +697,11 @@ def generate(
     return GenerationBatch(out, attn, width, items, time.time() - t0)
 
 
-def _llama_decoder(model, stacked, adapter_names: Sequence[str] | None):
-    """A :class:`orchestry.llm.decoding.LlamaDecoder` for this batch, or None where it does not cover the model.
-    A batch whose rows all name no adapter of the model (peft's ``"__base__"``), or a batch without adapter names
-    inside peft's ``disable_adapter()``, runs the bare base model."""
+def _decoder_bare(model, stacked, adapter_names: Sequence[str] | None) -> bool | None:
+    """Whether a :class:`orchestry.llm.decoding.LlamaDecoder` for this batch runs the bare base model (True), its
+    rows' adapters (False), or does not cover the model (None: ``model.generate`` decodes). A batch whose rows all
+    name no adapter of the model (peft's ``"__base__"``), or a batch without adapter names inside peft's
+    ``disable_adapter()``, runs the bare base model."""
     from peft.tuners.lora import LoraLayer
 
     from orchestry.llm.decoding import LlamaDecoder
@@ -692,7 +717,7 @@ def _llama_decoder(model, stacked, adapter_names: Sequence[str] | None):
     if reason:
         log.debug("decoding through model.generate: %s", reason)
         return None
-    return LlamaDecoder(model, stacked, bare=bare)
+    return bare
 
 
 def _stacked_lora(model, adapter_names: Sequence[str] | None):
