@@ -244,3 +244,34 @@ def test_nucleus_sampler_frequencies_match_the_distribution():
     torch.testing.assert_close(counts[:3] / 4000.0, torch.tensor([0.5, 0.3, 0.15]) / 0.95, atol=0.03, rtol=0)
     with pytest.raises(ValueError, match="top_p"):
         L.NucleusSampler(1.0, 0.0)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_token_logprobs_match_autograds_head(autocast):
+    """The chunked LM head gives the log-probs and the gradient w.r.t. the hidden states of the plain
+    ``log_softmax(linear(h, W).float()).gather`` (chunks of 5 over 13 positions: a short last chunk)."""
+    from orchestry.llm.local import token_logprobs
+
+    torch.manual_seed(0)
+    W = torch.randn(50, 8)
+    h0 = torch.randn(13, 8)
+    targets = torch.randint(0, 50, (13,))
+    upstream = torch.randn(13)
+    results = []
+    for chunked in (False, True):
+        h = h0.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            if chunked:
+                lp = token_logprobs(h, W, targets, chunk=5)
+            else:
+                lp = torch.log_softmax(torch.nn.functional.linear(h, W).float(), -1).gather(
+                    -1, targets[:, None]
+                )
+                lp = lp.squeeze(-1)
+        (lp * upstream).sum().backward()
+        results.append((lp.detach(), h.grad))
+    (lp_ref, g_ref), (lp_ours, g_ours) = results
+    assert lp_ours.dtype == torch.float32 and lp_ours.shape == (13,)
+    tol = 1e-2 if autocast else 1e-6
+    assert torch.allclose(lp_ours, lp_ref, atol=tol) and torch.allclose(g_ours, g_ref, atol=tol)
+    assert g_ref.abs().sum() > 0

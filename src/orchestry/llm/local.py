@@ -773,6 +773,64 @@ def completion_logprobs(model, sequences: torch.Tensor, attention_mask: torch.Te
     return token_logp.sum(dim=1), token_logp, mask
 
 
+HEAD_CHUNK = 256  # positions per LM-head product in token_logprobs
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """Forward and backward of ``log_softmax(h W^T)[target]`` chunk by chunk (:func:`token_logprobs`)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, chunk):
+        logits = [torch.nn.functional.linear(h[i : i + chunk], weight) for i in range(0, h.shape[0], chunk)]
+        out = [
+            torch.log_softmax(x.float(), dim=-1)
+            .gather(-1, targets[i * chunk : (i + 1) * chunk, None])
+            .squeeze(-1)
+            for i, x in enumerate(logits)
+        ]
+        ctx.save_for_backward(weight, targets, *logits)
+        ctx.chunk = chunk
+        return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight, targets, *logits = ctx.saved_tensors
+        parts = []
+        for i, x in enumerate(logits):
+            rows = slice(i * ctx.chunk, (i + 1) * ctx.chunk)
+            logp = torch.log_softmax(x.float(), dim=-1)  # what autograd would have kept, one chunk at a time
+            g = logp.new_zeros(logp.shape).scatter_add_(-1, targets[rows, None], grad[rows, None])
+            g = torch._log_softmax_backward_data(g, logp, -1, torch.float32).to(x.dtype)
+            parts.append(torch.mm(g, weight))
+        return (torch.cat(parts) if parts else grad.new_zeros(0, weight.shape[1])), None, None, None
+
+
+def token_logprobs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = HEAD_CHUNK):
+    """``log softmax(h W^T)[target]`` of each position: the LM head and the log-probs of the sampled tokens.
+
+    The same values and gradient (w.r.t. ``h``) as ``log_softmax(linear(h, W).float()).gather(...)`` under the
+    same autocast, computed ``chunk`` positions at a time: autograd would keep the fp32 log-probs of the whole
+    vocabulary for every position (``N x V x 4`` bytes, 135 MiB at 720 positions of a 49k vocabulary) and make
+    the fp32 copy and the log-softmax of all positions at once; here only the logits in the product's dtype (bf16
+    under autocast: half of that) are kept, the rest is recomputed per chunk in the backward. The head weight is
+    taken as frozen (LoRA leaves it alone); a trainable one goes through autograd as before.
+
+    Args:
+        h: ``[N, d]`` hidden states; weight: ``[V, d]``; targets: ``[N]`` token ids.
+
+    Returns:
+        ``[N]`` fp32 log-probs.
+    """
+    if weight.requires_grad:
+        logits = torch.nn.functional.linear(h, weight).float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    if torch.is_autocast_enabled(h.device.type):  # autocast's casts, made here: the Function runs without it
+        dtype = torch.get_autocast_dtype(h.device.type)
+        h, weight = h.to(dtype), weight.to(dtype)
+    with torch.autocast(h.device.type, enabled=False):
+        return _TokenLogprobs.apply(h, weight, targets, chunk)
+
+
 PACK_TOKENS = 1024  # longest packed row; a prompt's completions beyond it go to another row (prompt repeated)
 
 
@@ -844,8 +902,7 @@ def _packed_logprobs(
         ).last_hidden_state
         at = {"device": device}
         h = hidden[torch.tensor(src_pack, **at), torch.tensor(src_pos, **at)]
-        logits = base.get_output_embeddings()(h).float()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(targets, **at)[:, None]).squeeze(-1)
+        logp = token_logprobs(h, base.get_output_embeddings().weight, torch.tensor(targets, **at))
         token_logp = token_logp.to(device).index_put(
             (torch.tensor(dst_row, **at), torch.tensor(dst_col, **at)), logp
         )
