@@ -344,3 +344,35 @@ def test_shared_prefix_refuses_bad_shapes():
         decoding.SharedPrefix(k, [torch.zeros(2, 1, 5, 8)], visible, torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="row groups"):
         decoding.SharedPrefix(k, k, visible, torch.tensor([0, 2]))
+
+
+def test_fence_stop_needs_checking_only_after_a_backtick_token(embedded_tokenizer):
+    """The fast loop re-tests a row's fences only when its new token holds a backtick: on completions built token
+    by token (fences split over tokens, a fence after 60 tokens of prose, special tokens between backticks), the
+    first step at which that rule finds the row done is the first step at which testing every step does."""
+    from orchestry.llm.local import _FenceStop
+
+    tok = embedded_tokenizer
+    texts = [
+        "Sure:\n```python\ndef f(x):\n    return x + 1\n```\nThat adds one.",
+        "``" + "`py\nprint(1)\n`" + "``",
+        "word " * 60 + "```\nx = 1\n```",
+        "no fence here, only `inline` code",
+    ]
+    stop = _FenceStop(tok, 2)
+    for text in texts:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if "``" + "`py" in text:  # a special token between two backticks of the closing fence
+            ids = ids[:-1] + [tok.eos_token_id] + ids[-1:]
+        every, rule, done = None, None, False
+        for n in range(1, len(ids) + 1):
+            row = torch.tensor([[7, 7, *ids[:n]]])
+            now = bool(stop(row, None)[0])
+            if now and every is None:
+                every = n
+            if not done and bool(stop.ticks(row[:, -1])[0]):
+                done = bool(stop(row, None)[0])
+                if done:
+                    rule = n
+        assert rule == every, (text, rule, every)
+        assert (every is not None) == (text.count("```") >= 2 or "``" + "`py" in text)

@@ -355,6 +355,19 @@ class _FenceStop:
         self.tok = tokenizer
         self.p = prompt_width
 
+    def ticks(self, tokens: torch.Tensor) -> torch.Tensor:
+        """bool ``[B]``: which of ``tokens`` have a backtick in their text (each id decoded once, then cached).
+
+        A completion's count of closed fences can only change when such a token is appended: a backtick is the
+        single byte 0x60 in UTF-8 (never inside another character), so other tokens do not touch a run of
+        backticks. A row that was not done before and whose new token holds none is not done now."""
+        cache = self.tok.__dict__.setdefault("_orchestry_ticks", {})
+        ids = tokens.tolist()
+        for i in ids:
+            if i not in cache:
+                cache[i] = "`" in self.tok.decode([i])
+        return torch.tensor([cache[i] for i in ids], dtype=torch.bool)
+
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         done = []
         for row in input_ids[:, self.p :]:
@@ -541,8 +554,10 @@ def _decode_in_rounds(
             token = token * unfinished + pad * (1 - unfinished)
             seqs = torch.cat([seqs, token[:, None]], dim=-1)
             finished = token == eos
-            if stop is not None:
-                finished |= stop(seqs, None)
+            if stop is not None:  # only a row whose new token holds a backtick can have closed its block
+                check = (unfinished.bool() & stop.ticks(token)).nonzero().squeeze(1)
+                if check.numel():
+                    finished[check] |= stop(seqs[check], None)
             unfinished = unfinished & ~finished
             t, positions = t + 1, positions + 1
             if t < attend.shape[1]:
