@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 
@@ -306,16 +305,6 @@ class SharedPrefix:
         return self._rows(torch.matmul(self._stacked(probs), self.values[layer]), probs.shape[2])
 
 
-class _Fused(NamedTuple):
-    """Projections of one input as one oneDNN product: the reordered concatenated weights, each projection's
-    output width, the concatenated LoRA ``A``s of those with LoRA (``[in, m·n·r]``) and their ``(index, B_cat)``."""
-
-    weight: torch.Tensor
-    sizes: list[int]
-    a_all: torch.Tensor | None
-    lora_b: list[tuple[int, torch.Tensor]]
-
-
 #: How :class:`LlamaDecoder` computes its projections: ``"onednn"`` (oneDNN's fp32 inner product on weights
 #: reordered once per decoder: 1.5-1.75x faster than MKL's GEMM for the embedded model's layers at 16-64 rows on
 #: an AVX-512 CPU, benchmarks/README.md) or ``"mkl"`` (what transformers computes under DecodeLinear, bit for bit).
@@ -382,28 +371,15 @@ class LlamaDecoder:
                 weight = torch.ops.mkldnn._reorder_linear_weight(weight, SKINNY_ROWS)
             return weight, type(plain) is DecodeLinear, lora.get(id(module))
 
-        def group(modules):
-            """Projections of one input: with oneDNN one product over their concatenated weights (and one over
-            their LoRA ``A``s), whose columns are each projection's own bits; with MKL each as transformers runs it."""
-            if products != "onednn":
-                return [linear(m) for m in modules]
-            plains = [getattr(m, "base_layer", m).weight.detach() for m in modules]
-            fused = torch.ops.mkldnn._reorder_linear_weight(torch.cat(plains), SKINNY_ROWS)
-            with_lora = [(j, lora[id(m)]) for j, m in enumerate(modules) if id(m) in lora]
-            a_all = torch.cat([a for _, (a, _) in with_lora], dim=1) if with_lora else None
-            return _Fused(fused, [w.shape[0] for w in plains], a_all, [(j, b) for j, (_, b) in with_lora])
-
         def norm(module):
             return module.weight, module.variance_epsilon
 
         self.layers = [
             (
                 norm(layer.input_layernorm),
-                group([getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj")]),
-                linear(layer.self_attn.o_proj),
+                [linear(getattr(layer.self_attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")],
                 norm(layer.post_attention_layernorm),
-                group([layer.mlp.gate_proj, layer.mlp.up_proj]),
-                linear(layer.mlp.down_proj),
+                [linear(getattr(layer.mlp, n)) for n in ("gate_proj", "up_proj", "down_proj")],
             )
             for layer in inner.layers[: cfg.num_hidden_layers]
         ]
@@ -414,23 +390,7 @@ class LlamaDecoder:
         self.rope_scale = inner.rotary_emb.attention_scaling
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        self._row_mask: torch.Tensor | None = None
-        self._tiled: dict[int, torch.Tensor] = {}
-
-    @property
-    def row_mask(self) -> torch.Tensor | None:
-        """``[B, n·r]`` of ``stacked.row_mask(names)``: each row's adapter, set per batch (None: no LoRA)."""
-        return self._row_mask
-
-    @row_mask.setter
-    def row_mask(self, mask: torch.Tensor | None) -> None:
-        self._row_mask, self._tiled = mask, {}
-
-    def _tiled_mask(self, times: int) -> torch.Tensor:
-        """The row mask repeated for ``times`` projections whose LoRA ``A``s are concatenated."""
-        if times not in self._tiled:
-            self._tiled[times] = self._row_mask.repeat(1, times)
-        return self._tiled[times]
+        self.row_mask: torch.Tensor | None = None  # [B, n*r] of stacked.row_mask(names), set per batch
 
     @staticmethod
     def unsupported(model, stacked: StackedLoRA | None = None, bare: bool = False) -> str | None:
@@ -477,19 +437,6 @@ class LlamaDecoder:
             out = torch.addmm(out, torch.mm(x, a_cat) * self.row_mask, b_cat)
         return out
 
-    def _group(self, x: torch.Tensor, group) -> list[torch.Tensor]:
-        """``x [B, in]`` through the projections of one input (``group``: a :class:`_Fused` or a list of layers)."""
-        if not isinstance(group, _Fused):
-            return [self._linear(x, layer) for layer in group]
-        out = torch.ops.mkldnn._linear_pointwise(x, group.weight, None, "none", [], "")
-        parts = list(out.split(group.sizes, dim=1))
-        if group.a_all is not None:
-            xa = torch.mm(x, group.a_all) * self._tiled_mask(len(group.lora_b))
-            width = xa.shape[1] // len(group.lora_b)
-            for i, (j, b_cat) in enumerate(group.lora_b):
-                parts[j] = torch.addmm(parts[j], xa[:, i * width : (i + 1) * width], b_cat)
-        return parts
-
     @staticmethod
     def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
         weight, eps = norm
@@ -528,10 +475,11 @@ class LlamaDecoder:
         seen = attend[:, :n] if prefix is None else torch.cat([prefix.row_visible(), attend[:, :n]], dim=1)
         hidden = ~seen[:, None, None, :]
         scale = D**-0.5
-        for i, (norm1, qkv_p, o_p, norm2, gate_up_p, d_p) in enumerate(self.layers):
+        for i, (norm1, (q_p, k_p, v_p, o_p), norm2, (g_p, u_p, d_p)) in enumerate(self.layers):
             x = self._rms(h, norm1)
-            q, k, v = self._group(x, qkv_p)
-            q, k, v = q.reshape(B, H, D), k.reshape(B, Hkv, D), v.reshape(B, Hkv, D)
+            q = self._linear(x, q_p).view(B, H, D)
+            k = self._linear(x, k_p).view(B, Hkv, D)
+            v = self._linear(x, v_p).view(B, Hkv, D)
             q = q * cos + self._rotate_half(q) * sin
             k = k * cos + self._rotate_half(k) * sin
             keys[i][:, :, t] = k
@@ -549,6 +497,6 @@ class LlamaDecoder:
                 att = prefix.mix(i, probs[..., :W]) + torch.matmul(probs[..., W:], values[i][:, :, :n])
             h = h + self._linear(att.reshape(B, H * D), o_p)
             x = self._rms(h, norm2)
-            gate, up = self._group(x, gate_up_p)
-            h = h + self._linear(torch.nn.functional.silu(gate) * up, d_p)
+            gate = torch.nn.functional.silu(self._linear(x, g_p))
+            h = h + self._linear(gate * self._linear(x, u_p), d_p)
         return self._linear(self._rms(h, self.final_norm), self.head).float()
