@@ -23,9 +23,8 @@ benchmarks/README.md, "Decoding kernels"):
   over the model's own weights, with the three pieces above, in place of a ``model.generate`` step. It makes
   the operations transformers makes in that step, in the same order and on the same layouts, and leaves out the
   framework around them (mask construction, cache objects, module calls and hooks, generate's per-step
-  bookkeeping); its projections run through oneDNN's inner product on weights reordered once per call, the
-  projections of one input (q/k/v, gate/up) as one product over their concatenated weights (or, with
-  ``products="mkl"``, exactly as above: then a step over a per-row cache gives transformers' bits).
+  bookkeeping); its projections run through oneDNN's inner product on weights reordered once per call (or,
+  with ``products="mkl"``, exactly as above: then a step over a per-row cache gives transformers' bits).
 * :class:`SharedPrefix`: the prompt positions of a decoding batch held once per distinct prompt; the rows that
   share a prompt (a MAGRPO group's G samples) read its keys and values once per step instead of G times.
 """
@@ -332,9 +331,7 @@ class LlamaDecoder:
     adds them (Hu et al. 2021, eq. 3). With ``products="mkl"`` these are the same operations on the same
     layouts, so the logits equal transformers' bit for bit; with ``"onednn"`` (the default, :data:`PRODUCTS`) the
     frozen base weights are reordered once for oneDNN's inner product, whose sums run in another order (logits
-    within ~1e-6 relative; a row's result does not depend on the batch's other rows or on the thread count), and
-    the projections that read the same input (q/k/v; gate/up) are one product over their concatenated weights,
-    each projection's columns the bits of its own product (measured on an AVX-512 CPU, benchmarks/README.md).
+    within ~1e-6 relative; a row's result does not depend on the batch's other rows or on the thread count).
     Use :meth:`unsupported` first: other architectures, biases, quantised or non-fp32 weights, other attention
     implementations and active peft adapters are left to transformers. The reordered weights are a copy (the
     size of the base model) that lives as long as the decoder: make one per ``generate`` call.
