@@ -250,13 +250,12 @@ class SharedPrefix:
 
     def _place(self, group: torch.Tensor) -> None:
         """Rows' slots within their prompt: row b is query ``slot[b]`` of prompt ``group[b]``."""
-        self.group = group
-        slot = torch.zeros_like(group)
         counts: dict[int, int] = {}
-        for b, g in enumerate(group.tolist()):
-            slot[b] = counts.get(g, 0)
-            counts[g] = slot[b].item() + 1
-        self.slot = slot
+        slot = []
+        for g in group.tolist():
+            slot.append(counts.get(g, 0))
+            counts[g] = slot[-1] + 1
+        self.group, self.slot = group, torch.tensor(slot, dtype=torch.long)
         self.slots = max(counts.values(), default=1)
         n = self.visible.shape[0]
         self.identity = self.slots == 1 and group.numel() == n and torch.equal(group, torch.arange(n))

@@ -354,19 +354,19 @@ class _FenceStop:
     def __init__(self, tokenizer, prompt_width: int):
         self.tok = tokenizer
         self.p = prompt_width
+        self._ticks: dict[int, bool] = {}  # token id -> its text holds a backtick (see ticks)
 
     def ticks(self, tokens: torch.Tensor) -> torch.Tensor:
-        """bool ``[B]``: which of ``tokens`` have a backtick in their text (each id decoded once, then cached).
+        """bool ``[B]``: which of ``tokens`` have a backtick in their text (each id decoded once per stopper).
 
         A completion's count of closed fences can only change when such a token is appended: a backtick is the
         single byte 0x60 in UTF-8 (never inside another character), so other tokens do not touch a run of
         backticks. A row that was not done before and whose new token holds none is not done now."""
-        cache = self.tok.__dict__.setdefault("_orchestry_ticks", {})
         ids = tokens.tolist()
         for i in ids:
-            if i not in cache:
-                cache[i] = "`" in self.tok.decode([i])
-        return torch.tensor([cache[i] for i in ids], dtype=torch.bool)
+            if i not in self._ticks:
+                self._ticks[i] = "`" in self.tok.decode([i])
+        return torch.tensor([self._ticks[i] for i in ids], dtype=torch.bool)
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         done = []
