@@ -12,8 +12,9 @@ benchmarks/README.md, "Decoding kernels"):
 * :class:`DecodeLinear`: a linear layer applied to a few rows (a decoding step: one token per row) without
   autograd computes ``(W x^T)^T`` instead of ``x W^T``: the same products, which MKL's fp32 GEMM ran about 1.5x
   faster at 16 rows and 1.0-1.3x at 64 rows (by layer shape; 1.0x for the 576 -> 1536 MLP projection) on the
-  development CPU (benchmarks/README.md, "Decoding kernels"). Larger inputs and
-  anything under autograd take ``F.linear`` as before.
+  development CPU (benchmarks/README.md, "Decoding kernels"). Larger inputs take ``F.linear`` as before;
+  under autograd, :func:`orchestry.llm.frozen.frozen_linear` (``F.linear``'s values and gradients, without keeping
+  a frozen weight's autocast copy for the backward).
 * :class:`StackedLoRA`: rows of one batch that use different LoRA adapters (peft's ``adapter_names``). peft
   computes each adapter on its rows with indexing, two products and a scatter per adapter and layer; here every
   row goes through all adapters' concatenated ``A`` (``[in, n·r]``), a per-row 0/1 mask keeps its own adapter's
@@ -35,6 +36,8 @@ import contextlib
 from collections.abc import Sequence
 
 import torch
+
+from orchestry.llm.frozen import frozen_linear, use_lean_mlp
 
 ATTENTION = "orchestry_sdpa"  # attention implementation name registered with transformers
 
@@ -101,8 +104,11 @@ class DecodeLinear(torch.nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # training: a frozen weight's autocast copy is not kept for the backward (orchestry.llm.frozen)
+        if torch.is_grad_enabled():
+            return frozen_linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if torch.is_grad_enabled() or rows > SKINNY_ROWS or rows == 0 or x.device.type != "cpu":
+        if rows > SKINNY_ROWS or rows == 0 or x.device.type != "cpu":
             return torch.nn.functional.linear(x, self.weight, self.bias)
         out = torch.mm(self.weight, x.reshape(rows, -1).t()).t()
         if self.bias is not None:
@@ -118,7 +124,8 @@ def use_decode_kernels(model) -> None:
 
     Its SDPA attention becomes :func:`decode_attention` (``"orchestry_sdpa"`` is registered with transformers'
     attention and mask interfaces once per process; the masks are SDPA's); attention that is not SDPA (eager,
-    flash, flex) is left as it is. Its plain ``nn.Linear`` layers become :class:`DecodeLinear`.
+    flash, flex) is left as it is. Its plain ``nn.Linear`` layers become :class:`DecodeLinear`, its Llama-style SiLU
+    MLPs :func:`orchestry.llm.frozen.lean_mlp_class` (their training forward keeps less for the backward).
     """
     global _registered
     from transformers import AttentionInterface
@@ -134,6 +141,7 @@ def use_decode_kernels(model) -> None:
     for module in base.modules():
         if type(module) is torch.nn.Linear:
             module.__class__ = DecodeLinear
+    use_lean_mlp(base)
 
 
 class StackedLoRA:

@@ -795,8 +795,9 @@ class _TokenLogprobs(torch.autograd.Function):
     """Forward and backward of ``log_softmax(h W^T)[target]`` chunk by chunk (:func:`token_logprobs`)."""
 
     @staticmethod
-    def forward(ctx, h, weight, targets, chunk):
-        logits = [torch.nn.functional.linear(h[i : i + chunk], weight) for i in range(0, h.shape[0], chunk)]
+    def forward(ctx, h, weight, targets, chunk, dtype):
+        w = weight.to(dtype)  # autocast's cast of the frozen head, made again in the backward (not kept)
+        logits = [torch.nn.functional.linear(h[i : i + chunk], w) for i in range(0, h.shape[0], chunk)]
         out = [
             torch.log_softmax(x.float(), dim=-1)
             .gather(-1, targets[i * chunk : (i + 1) * chunk, None])
@@ -804,12 +805,13 @@ class _TokenLogprobs(torch.autograd.Function):
             for i, x in enumerate(logits)
         ]
         ctx.save_for_backward(weight, targets, *logits)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.dtype = chunk, dtype
         return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
 
     @staticmethod
     def backward(ctx, grad):
         weight, targets, *logits = ctx.saved_tensors
+        weight = weight.to(ctx.dtype)
         parts = []
         for i, x in enumerate(logits):
             rows = slice(i * ctx.chunk, (i + 1) * ctx.chunk)
@@ -817,7 +819,7 @@ class _TokenLogprobs(torch.autograd.Function):
             g = logp.new_zeros(logp.shape).scatter_add_(-1, targets[rows, None], grad[rows, None])
             g = torch._log_softmax_backward_data(g, logp, -1, torch.float32).to(x.dtype)
             parts.append(torch.mm(g, weight))
-        return (torch.cat(parts) if parts else grad.new_zeros(0, weight.shape[1])), None, None, None
+        return (torch.cat(parts) if parts else grad.new_zeros(0, weight.shape[1])), None, None, None, None
 
 
 def token_logprobs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = HEAD_CHUNK):
@@ -828,7 +830,8 @@ def token_logprobs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     vocabulary for every position (``N x V x 4`` bytes, 135 MiB at 720 positions of a 49k vocabulary) and make
     the fp32 copy and the log-softmax of all positions at once; here only the logits in the product's dtype (bf16
     under autocast: half of that) are kept, the rest is recomputed per chunk in the backward. The head weight is
-    taken as frozen (LoRA leaves it alone); a trainable one goes through autograd as before.
+    taken as frozen (LoRA leaves it alone): its autocast copy is made again in the backward, not kept (54 MiB for
+    the embedded model; :mod:`orchestry.llm.frozen`); a trainable one goes through autograd as before.
 
     Args:
         h: ``[N, d]`` hidden states; weight: ``[V, d]``; targets: ``[N]`` token ids.
@@ -839,11 +842,12 @@ def token_logprobs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     if weight.requires_grad:
         logits = torch.nn.functional.linear(h, weight).float()
         return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    dtype = weight.dtype
     if torch.is_autocast_enabled(h.device.type):  # autocast's casts, made here: the Function runs without it
         dtype = torch.get_autocast_dtype(h.device.type)
-        h, weight = h.to(dtype), weight.to(dtype)
+        h = h.to(dtype)
     with torch.autocast(h.device.type, enabled=False):
-        return _TokenLogprobs.apply(h, weight, targets, chunk)
+        return _TokenLogprobs.apply(h, weight, targets, chunk, dtype)
 
 
 PACK_TOKENS = 1024  # longest packed row; a prompt's completions beyond it go to another row (prompt repeated)
