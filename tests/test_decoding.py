@@ -318,6 +318,35 @@ def test_shared_prefix_step_matches_the_one_cache_step(embedded_tokenizer, one_t
     assert torch.allclose(again, ours[keep], atol=1e-5, rtol=1e-5)
 
 
+def test_shared_prefix_dense_rows_stack_by_reshape_with_the_same_bits(embedded_tokenizer, one_thread):
+    """G rows per prompt side by side (a rollout before any row stops): the prefix stacks them by a reshape, and
+    the step's logits and written keys are the bits of the scatter/gather path, within rounding of one cache."""
+    pm = _kernels_pair(embedded_tokenizer)
+    stacked = decoding.StackedLoRA(pm, ["helper", "main"])
+    decoder = decoding.LlamaDecoder(pm, stacked)
+    group = torch.tensor([0, 0, 0, 1, 1, 1])
+    decoder.row_mask = stacked.row_mask(["helper"] * 3 + ["main"] * 3)
+    (pk, pv, visible), (own_k, own_v, attend_own), (one_k, one_v, attend_one), positions = _step_inputs(
+        pm.get_base_model().config, [6, 3], group, seed=2
+    )
+    tokens = torch.tensor([5, 6, 7, 8, 9, 10])
+    W, t = visible.shape[1], 3
+    steps = []
+    with torch.no_grad():
+        for dense in (True, False):
+            prefix = decoding.SharedPrefix(pk, pv, visible, group)
+            assert prefix.dense and prefix.slots == 3
+            prefix.dense = dense  # False: the general scatter/gather path, for comparison
+            keys, values = [k.clone() for k in own_k], [v.clone() for v in own_v]
+            steps.append((decoder.step(tokens, positions, keys, values, t, attend_own, prefix), keys))
+        ref = decoder.step(tokens, positions, one_k, one_v, W + t, attend_one)
+    (fast, fast_keys), (slow, slow_keys) = steps
+    assert torch.equal(fast, slow)
+    assert all(torch.equal(a, b) for a, b in zip(fast_keys, slow_keys, strict=True))
+    assert torch.allclose(fast, ref, atol=1e-5, rtol=1e-5)
+    assert not decoding.SharedPrefix(pk, pv, visible, torch.tensor([0, 1, 0, 1, 0, 1])).dense
+
+
 def test_shared_prefix_without_repeats_is_per_row(embedded_tokenizer, one_thread):
     """Every row on its own prompt: the prefix is the rows' own (no stacking), the same logits as one cache."""
     pm = _kernels_pair(embedded_tokenizer)

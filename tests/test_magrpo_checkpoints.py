@@ -266,3 +266,14 @@ def test_micro_batch_budget_is_the_parameter(tiny_llama):
         == TrainMagrpoParams().micro_batch_tokens
     )
     assert parse_params({"train_magrpo": {"micro_batch_tokens": 512}}).train_magrpo.micro_batch_tokens == 512
+
+
+def test_saved_adapter_config_lists_modules_in_sorted_order(saved_agents):
+    """peft writes target_modules in the process's string-hash order; the saved folder must not depend on it."""
+    import json
+
+    _, _, _, adapters = saved_agents
+    for agent in ("helper", "main"):
+        config = json.loads((adapters / agent / "adapter_config.json").read_text())
+        modules = config["target_modules"]
+        assert len(modules) > 1 and modules == sorted(modules)

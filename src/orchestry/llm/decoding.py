@@ -267,6 +267,11 @@ class SharedPrefix:
         self.slots = max(counts.values(), default=1)
         n = self.visible.shape[0]
         self.identity = self.slots == 1 and group.numel() == n and torch.equal(group, torch.arange(n))
+        # every prompt's rows side by side in the batch, as many per prompt (a MAGRPO rollout's G samples before
+        # any row stops): stacking is a reshape, not a scatter into zeros and a gather back
+        self.dense = group.numel() == n * self.slots and torch.equal(
+            group, torch.arange(group.numel()) // self.slots
+        )
 
     @property
     def width(self) -> int:
@@ -289,6 +294,9 @@ class SharedPrefix:
     def _stacked(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, H_kv, g, F]`` -> ``[n, H_kv, slots * g, F]``: each prompt's rows side by side (empty slots 0)."""
         B, Hkv, g, F = x.shape
+        if self.dense:  # the same values in the same layout as the scatter below
+            n = self.visible.shape[0]
+            return x.reshape(n, self.slots, Hkv, g, F).transpose(1, 2).reshape(n, Hkv, self.slots * g, F)
         out = x.new_zeros(self.visible.shape[0], Hkv, self.slots, g, F)
         out[self.group, :, self.slot] = x
         return out.view(out.shape[0], Hkv, self.slots * g, F)
@@ -296,6 +304,8 @@ class SharedPrefix:
     def _rows(self, y: torch.Tensor, g: int) -> torch.Tensor:
         """Inverse of :meth:`_stacked` for a product's result ``[n, H_kv, slots * g, F]`` -> ``[B, H_kv, g, F]``."""
         n, Hkv, _, F = y.shape
+        if self.dense:
+            return y.view(n, Hkv, self.slots, g, F).transpose(1, 2).reshape(n * self.slots, Hkv, g, F)
         return y.view(n, Hkv, self.slots, g, F)[self.group, :, self.slot]
 
     def scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:

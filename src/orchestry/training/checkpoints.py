@@ -267,5 +267,21 @@ def save_adapters(tr: Trainer, out_dir: str | Path) -> list[Path]:
         src = out_dir / "_tmp" / a if (out_dir / "_tmp" / a).exists() else out_dir / "_tmp"
         shutil.move(str(src), str(out_dir / a))
         shutil.rmtree(out_dir / "_tmp", ignore_errors=True)
+        _sorted_module_lists(out_dir / a / "adapter_config.json")
         paths.append(out_dir / a)
     return paths
+
+
+def _sorted_module_lists(config: Path) -> None:
+    """peft writes ``target_modules`` (a set in memory) in the process's string-hash order, which changes from run
+    to run: the same adapter got another file hash in every ``dvc repro``. Sorted here, so the same weights give
+    the same folder."""
+    if not config.exists():
+        return
+    data = json.loads(config.read_text())
+    changed = False
+    for key in ("target_modules", "modules_to_save", "exclude_modules"):
+        if isinstance(data.get(key), list) and all(isinstance(v, str) for v in data[key]):
+            data[key], changed = sorted(data[key]), True
+    if changed:
+        config.write_text(json.dumps(data, indent=2, sort_keys=True))
