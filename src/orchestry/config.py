@@ -259,8 +259,8 @@ class TrainMagrpoParams(_Section):
         ge=1,
         le=1 << 20,
         description="tokens (prompt + completions) per training forward/backward; fixed, so the adapters do not "
-        "depend on the machine's free memory. 1024: about 3.3 GiB of activations for the default 135M model "
-        "in fp32 (3.5 MB per token), which fits a 24 GiB laptop; lower it for larger models",
+        "depend on the machine's free memory. 1024: about 0.75 GiB kept for the backward for the default 135M "
+        "model under bf16, 1.1 GiB in fp32 (docs/scaling.md); lower it for larger models",
     )
     dynamic_sampling: Literal["none", "skip", "resample"] = Field(
         "none",
