@@ -266,12 +266,16 @@ class SharedPrefix:
         self.group, self.slot = group, torch.tensor(slot, dtype=torch.long)
         self.slots = max(counts.values(), default=1)
         n = self.visible.shape[0]
-        self.identity = self.slots == 1 and group.numel() == n and torch.equal(group, torch.arange(n))
         # every prompt's rows side by side in the batch, as many per prompt (a MAGRPO rollout's G samples before
         # any row stops): stacking is a reshape, not a scatter into zeros and a gather back
         self.dense = group.numel() == n * self.slots and torch.equal(
             group, torch.arange(group.numel()) // self.slots
         )
+
+    @property
+    def identity(self) -> bool:
+        """Every prompt has exactly one row, in prompt order: the products need no stacking at all."""
+        return self.dense and self.slots == 1
 
     @property
     def width(self) -> int:

@@ -3,7 +3,7 @@
 Under autocast, ``F.linear(x, W)`` casts the fp32 weight ``W`` to bf16 at every call, and autograd keeps that copy
 until the backward, which needs it for the input's gradient (``grad_x = grad_y W``). A LoRA training forward so
 keeps a bf16 copy of every base weight it used: 255 MiB per micro-batch for the embedded 135M model (a quarter of
-what its forward keeps), ~3 GB for a 1.5B model, while the fp32 weights stay resident anyway.
+what its forward keeps), ~3 GB for a 1.5B model by arithmetic (parameters x 2 bytes), while the fp32 weights stay resident anyway.
 
 * :func:`frozen_linear`: the same product; the backward casts the fp32 weight again instead of keeping the copy.
 * :func:`silu_mul`: a SwiGLU MLP's ``silu(gate) * up`` (Shazeer 2020, "GLU Variants Improve Transformer"; Llama's
@@ -74,7 +74,7 @@ def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     ):
         return torch.nn.functional.linear(x, weight, bias)
     dtype = torch.get_autocast_dtype(kind)
-    if weight.dtype == dtype or not x.is_floating_point():
+    if weight.dtype == dtype:
         return torch.nn.functional.linear(x, weight, bias)
     x = x.to(dtype)  # autocast's cast of the input: its gradient flows back through it as autocast's would
     with torch.autocast(kind, enabled=False):
@@ -107,6 +107,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _SiluMul.apply(gate, up)
 
 
+_LEAN: dict[type, type] = {}  # MLP class -> its lean subclass
+
+
 def lean_mlp_class(cls: type) -> type:
     """A subclass of a Llama-style MLP class (``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU) whose
     training forward goes through :func:`silu_mul`; made once per class."""
@@ -114,6 +117,8 @@ def lean_mlp_class(cls: type) -> type:
     if lean is None:
 
         def forward(self, x):
+            # inference, or kept_casts: the module's own forward, its operations in its order (gate, silu, up:
+            # the backward's order of gradient sums follows it, so silu_mul's plain branch would not give its bits)
             if not _enabled or not torch.is_grad_enabled():
                 return cls.forward(self, x)
             gate = self.gate_proj(x)
@@ -121,9 +126,6 @@ def lean_mlp_class(cls: type) -> type:
 
         lean = _LEAN[cls] = type(f"Lean{cls.__name__}", (cls,), {"forward": forward, "__module__": __name__})
     return lean
-
-
-_LEAN: dict[type, type] = {}
 
 
 def use_lean_mlp(model) -> int:

@@ -279,9 +279,7 @@ def _sorted_module_lists(config: Path) -> None:
     if not config.exists():
         return
     data = json.loads(config.read_text())
-    changed = False
     for key in ("target_modules", "modules_to_save", "exclude_modules"):
         if isinstance(data.get(key), list) and all(isinstance(v, str) for v in data[key]):
-            data[key], changed = sorted(data[key]), True
-    if changed:
-        config.write_text(json.dumps(data, indent=2, sort_keys=True))
+            data[key] = sorted(data[key])
+    config.write_text(json.dumps(data, indent=2, sort_keys=True))  # peft's own layout
