@@ -235,6 +235,38 @@ def test_nucleus_sampler_draws_from_transformers_top_p_distribution(candidates, 
     assert bool((ref.gather(-1, drawn[:, None]) > 0).all())
 
 
+def test_nucleus_search_in_stages_gives_the_one_stage_tensor_and_draws():
+    """Searching each row's top ``first`` tokens before the top ``candidates`` (and a full sort) gives the very
+    probabilities tensor of one search among the top ``candidates``, so the same draws and random numbers taken:
+    rows whose nucleus closes within ``first``, between ``first`` and ``candidates``, and beyond ``candidates``."""
+    gen = torch.Generator().manual_seed(0)
+    paths = set()
+    for spread in (
+        40.0,
+        12.0,
+        6.0,
+        4.0,
+        3.0,
+        0.5,
+    ):  # peaked ... flat: nuclei of a few, dozens, thousands of tokens
+        scores = torch.randn(6, 3000, generator=gen) * spread
+        scores[0] = torch.randn(3000, generator=gen) * 40.0  # one peaked row in every batch
+        one_stage = L.NucleusSampler(0.8, 0.95, candidates=64, first=64)
+        staged = L.NucleusSampler(0.8, 0.95, candidates=64, first=16)
+        p_ref, ids_ref = one_stage.probabilities(scores)
+        p_new, ids_new = staged.probabilities(scores)
+        assert p_new.shape == p_ref.shape and torch.equal(p_new, p_ref)
+        widest = int((p_ref > 0).sum(-1).max())
+        paths.add("first" if widest <= 16 else "candidates" if widest <= 64 else "full sort")
+        assert torch.equal(ids_new[p_new > 0], ids_ref[p_ref > 0])
+        torch.manual_seed(3)
+        drawn_ref, after_ref = one_stage(None, scores).argmax(-1), torch.rand(4)
+        torch.manual_seed(3)
+        drawn_new, after_new = staged.draw(scores), torch.rand(4)
+        assert torch.equal(drawn_new, drawn_ref) and torch.equal(after_new, after_ref)
+    assert paths == {"first", "candidates", "full sort"}  # batches whose widest nucleus needs each stage
+
+
 def test_nucleus_sampler_frequencies_match_the_distribution():
     scores = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     sampler = L.NucleusSampler(1.0, 0.9)  # nucleus {0, 1, 2}: probabilities 0.5/0.95, 0.3/0.95, 0.15/0.95

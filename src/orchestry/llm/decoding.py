@@ -33,6 +33,7 @@ benchmarks/README.md, "Decoding kernels"):
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 
 import torch
@@ -452,7 +453,9 @@ class LlamaDecoder:
             out = torch.nn.functional.linear(x, weight)
         if lora is not None:
             a_cat, b_cat = lora
-            out = torch.addmm(out, torch.mm(x, a_cat) * self.row_mask, b_cat)
+            low = torch.mm(x, a_cat) * self.row_mask
+            # in place on a fresh row-major result: the same product (beta = 1 on the same C) without addmm's copy
+            out = out.addmm_(low, b_cat) if out.is_contiguous() else torch.addmm(out, low, b_cat)
         return out
 
     @staticmethod
@@ -461,9 +464,11 @@ class LlamaDecoder:
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
     @staticmethod
-    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    def _rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        """transformers' ``x * cos + rotate_half(x) * sin`` as ``x * cos + roll(x, D/2) * sin_signed``, where
+        ``sin_signed`` is ``sin`` with its first half negated: ``rotate_half(x) = cat(-x2, x1)`` and
+        ``(-a) * s = a * (-s)`` exactly, so the same bits in fewer operations."""
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
     def step(self, tokens, positions, keys, values, t: int, attend, prefix: SharedPrefix | None = None):
         """Logits of the next token of every row; writes the rows' key and value at cache position ``t``.
@@ -489,24 +494,33 @@ class LlamaDecoder:
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scale)[:, None, :]
         sin = (emb.sin() * self.rope_scale)[:, None, :]
+        sin = torch.cat((-sin[..., : D // 2], sin[..., D // 2 :]), dim=-1)  # for _rotary
         n = t + 1
         seen = attend[:, :n] if prefix is None else torch.cat([prefix.row_visible(), attend[:, :n]], dim=1)
-        hidden = ~seen[:, None, None, :]
+        # the attention mask as an addend (0 where a row attends, -inf elsewhere): x + 0 = x and x + -inf = -inf,
+        # so the same scores as masked_fill, in one cheaper in-place pass
+        mask = torch.zeros(seen.shape).masked_fill_(~seen, float("-inf"))[:, None, None, :]
         scale = D**-0.5
+        # a power-of-two scale commutes with rounding: scaling the queries' rotary factors gives bit for bit the
+        # scaled scores (q·k * scale) without a pass over the scores; any other scale is applied to the scores
+        exact = math.frexp(scale)[0] == 0.5
+        cos_q, sin_q = (cos * scale, sin * scale) if exact else (cos, sin)
         for i, (norm1, (q_p, k_p, v_p, o_p), norm2, (g_p, u_p, d_p)) in enumerate(self.layers):
             x = self._rms(h, norm1)
             q = self._linear(x, q_p).view(B, H, D)
             k = self._linear(x, k_p).view(B, Hkv, D)
             v = self._linear(x, v_p).view(B, Hkv, D)
-            q = q * cos + self._rotate_half(q) * sin
-            k = k * cos + self._rotate_half(k) * sin
+            q = self._rotary(q, cos_q, sin_q)
+            k = self._rotary(k, cos, sin)
             keys[i][:, :, t] = k
             values[i][:, :, t] = v
             q = q.reshape(B, Hkv, g, D)
             scores = torch.matmul(q, keys[i][:, :, :n].transpose(-1, -2))
             if prefix is not None:
                 scores = torch.cat([prefix.scores(i, q), scores], dim=-1)
-            scores = (scores * scale).masked_fill(hidden, float("-inf"))
+            if not exact:
+                scores = scores * scale
+            scores = scores.add_(mask)  # a fresh tensor: the product's or the cat's
             probs = torch.softmax(scores, dim=-1)
             if prefix is None:
                 att = torch.matmul(probs, values[i][:, :, :n])
