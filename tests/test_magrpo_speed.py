@@ -267,6 +267,29 @@ def test_nucleus_search_in_stages_gives_the_one_stage_tensor_and_draws():
     assert paths == {"first", "candidates", "full sort"}  # batches whose widest nucleus needs each stage
 
 
+def test_nucleus_search_in_stages_keeps_the_order_of_tied_tokens():
+    """topk orders tied values by an algorithm that depends on k: a row whose nucleus holds ties (exact ties in
+    fp32, or the many ties of logits rounded through bf16) must keep the one-stage search's ids, or the same draw
+    index would name another token."""
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.randn(8, 49152, generator=gen)
+    tied = torch.tensor([7, 4242, 9000, 31337, 40000])
+    scores[0, tied] = 12.0  # five tied tokens make row 0's nucleus
+    scores[1:] = (torch.randn(7, 49152, generator=gen) * 5.0).bfloat16().float()  # ties everywhere
+    one_stage = L.NucleusSampler(1.0, 0.9, first=1024)
+    staged = L.NucleusSampler(1.0, 0.9)
+    p_ref, ids_ref = one_stage.probabilities(scores)
+    p_new, ids_new = staged.probabilities(scores)
+    assert torch.equal(p_new, p_ref) and torch.equal(ids_new[p_new > 0], ids_ref[p_ref > 0])
+    # row 0's nucleus is the five tied tokens; the bf16 rows' nuclei close within the first stage's 256
+    assert int((p_ref[0] > 0).sum()) == 5 and int((p_ref[1:] > 0).sum(-1).max()) <= 256
+    for seed in range(10):
+        torch.manual_seed(seed)
+        drawn_ref = one_stage.draw(scores)
+        torch.manual_seed(seed)
+        assert torch.equal(staged.draw(scores), drawn_ref)
+
+
 def test_nucleus_sampler_frequencies_match_the_distribution():
     scores = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     sampler = L.NucleusSampler(1.0, 0.9)  # nucleus {0, 1, 2}: probabilities 0.5/0.95, 0.3/0.95, 0.15/0.95

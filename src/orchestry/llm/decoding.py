@@ -502,7 +502,8 @@ class LlamaDecoder:
         mask = torch.zeros(seen.shape).masked_fill_(~seen, float("-inf"))[:, None, None, :]
         scale = D**-0.5
         # a power-of-two scale commutes with rounding: scaling the queries' rotary factors gives bit for bit the
-        # scaled scores (q·k * scale) without a pass over the scores; any other scale is applied to the scores
+        # scaled scores (q·k * scale) without a pass over the scores (outside the subnormal range, |q_d k_d| <
+        # 2^-123, which no model's attention reaches); any other scale is applied to the scores
         exact = math.frexp(scale)[0] == 0.5
         cos_q, sin_q = (cos * scale, sin * scale) if exact else (cos, sin)
         for i, (norm1, (q_p, k_p, v_p, o_p), norm2, (g_p, u_p, d_p)) in enumerate(self.layers):

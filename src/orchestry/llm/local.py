@@ -409,11 +409,11 @@ class NucleusSampler:
 
         The nucleus is searched among each row's top :attr:`first` tokens first, and among the top
         :attr:`candidates` only for the rows whose nucleus is still open there (its exclusive cumulative mass at the
-        last of them below ``top_p + 1e-4``: the margin covers rounding in the cumulative sum), then by a full
-        sort for a row whose nucleus is wider still. The probabilities are the same tensor as one search among
-        the top :attr:`candidates` of every row gives (the same draws, the same random numbers taken); a ``topk``
-        of 256 took 3.4 ms against 7.7 ms for 1024 on 32 rows of the embedded model's vocabulary
-        (benchmarks/README.md)."""
+        last of them below ``top_p + 1e-4``: the margin covers rounding in the cumulative sum) or holds tied
+        logits (``topk`` orders ties differently for another k), then by a full sort for a row whose nucleus is
+        wider still. The probabilities and the nucleus ids are those of one search among the top
+        :attr:`candidates` of every row (the same draws, the same random numbers taken); a ``topk`` of 256 took
+        3.4 ms against 7.7 ms for 1024 on 32 rows of the embedded model's vocabulary (benchmarks/README.md)."""
         logits = scores.float() / self.temperature
         k = min(self.candidates, logits.shape[-1]) if self.top_p < 1 else logits.shape[-1]
         first = min(self.first, k) if self.top_p < 1 else k  # top_p 1: the whole vocabulary anyway
@@ -425,7 +425,12 @@ class NucleusSampler:
             probs = torch.nn.functional.pad(probs, (0, k - first))
             ids = torch.nn.functional.pad(ids, (0, k - first))
             outside = torch.nn.functional.pad(outside, (0, k - first), value=self.top_p)  # not kept
-            wide = (outside[:, first - 1] < self.top_p + 1e-4).nonzero().squeeze(1)
+            # topk orders tied values by its algorithm, which depends on k: a row with a tie among its nucleus
+            # (or between its last token and the next) takes the top-k search too, so its ids keep their order
+            size = (outside[:, :first] < self.top_p).sum(dim=-1, keepdim=True)  # nucleus size, >= 1
+            ties = (top[:, 1:] == top[:, :-1]) & (torch.arange(first - 1) < size)
+            still_open = outside[:, first - 1] < self.top_p + 1e-4
+            wide = (still_open | ties.any(dim=-1)).nonzero().squeeze(1)
             if wide.numel():
                 top, wide_ids = logits[wide].topk(k, dim=-1)
                 top = torch.exp(top - lse[wide])
