@@ -241,14 +241,8 @@ def test_nucleus_search_in_stages_gives_the_one_stage_tensor_and_draws():
     rows whose nucleus closes within ``first``, between ``first`` and ``candidates``, and beyond ``candidates``."""
     gen = torch.Generator().manual_seed(0)
     paths = set()
-    for spread in (
-        40.0,
-        12.0,
-        6.0,
-        4.0,
-        3.0,
-        0.5,
-    ):  # peaked ... flat: nuclei of a few, dozens, thousands of tokens
+    # peaked ... flat: nuclei of a few, dozens, thousands of tokens
+    for spread in (40.0, 12.0, 6.0, 4.0, 3.0, 0.5):
         scores = torch.randn(6, 3000, generator=gen) * spread
         scores[0] = torch.randn(3000, generator=gen) * 40.0  # one peaked row in every batch
         one_stage = L.NucleusSampler(0.8, 0.95, candidates=64, first=64)

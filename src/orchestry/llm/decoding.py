@@ -409,6 +409,11 @@ class LlamaDecoder:
         self.rope_scale = inner.rotary_emb.attention_scaling
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.scale = self.head_dim**-0.5
+        # a power-of-two scale commutes with rounding: scaling the queries' rotary factors gives bit for bit the
+        # scaled scores (q·k * scale) without a pass over the scores (outside the subnormal range, |q_d k_d| <
+        # 2^-123, which no model's attention reaches); any other scale is applied to the scores
+        self.scale_in_rotary = math.frexp(self.scale)[0] == 0.5
         self.row_mask: torch.Tensor | None = None  # [B, n*r] of stacked.row_mask(names), set per batch
 
     @staticmethod
@@ -500,12 +505,8 @@ class LlamaDecoder:
         # the attention mask as an addend (0 where a row attends, -inf elsewhere): x + 0 = x and x + -inf = -inf,
         # so the same scores as masked_fill, in one cheaper in-place pass
         mask = torch.zeros(seen.shape).masked_fill_(~seen, float("-inf"))[:, None, None, :]
-        scale = D**-0.5
-        # a power-of-two scale commutes with rounding: scaling the queries' rotary factors gives bit for bit the
-        # scaled scores (q·k * scale) without a pass over the scores (outside the subnormal range, |q_d k_d| <
-        # 2^-123, which no model's attention reaches); any other scale is applied to the scores
-        exact = math.frexp(scale)[0] == 0.5
-        cos_q, sin_q = (cos * scale, sin * scale) if exact else (cos, sin)
+        folded = self.scale_in_rotary
+        cos_q, sin_q = (cos * self.scale, sin * self.scale) if folded else (cos, sin)
         for i, (norm1, (q_p, k_p, v_p, o_p), norm2, (g_p, u_p, d_p)) in enumerate(self.layers):
             x = self._rms(h, norm1)
             q = self._linear(x, q_p).view(B, H, D)
@@ -519,8 +520,8 @@ class LlamaDecoder:
             scores = torch.matmul(q, keys[i][:, :, :n].transpose(-1, -2))
             if prefix is not None:
                 scores = torch.cat([prefix.scores(i, q), scores], dim=-1)
-            if not exact:
-                scores = scores * scale
+            if not folded:
+                scores = scores * self.scale
             scores = scores.add_(mask)  # a fresh tensor: the product's or the cat's
             probs = torch.softmax(scores, dim=-1)
             if prefix is None:

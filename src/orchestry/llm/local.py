@@ -417,10 +417,8 @@ class NucleusSampler:
         logits = scores.float() / self.temperature
         k = min(self.candidates, logits.shape[-1]) if self.top_p < 1 else logits.shape[-1]
         first = min(self.first, k) if self.top_p < 1 else k  # top_p 1: the whole vocabulary anyway
-        top, ids = logits.topk(first, dim=-1)  # descending
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-        probs = torch.exp(top - lse)
-        outside = probs.cumsum(dim=-1) - probs  # exclusive cumulative mass
+        top, probs, ids, outside = self._top_mass(logits, lse, first)
         if first < k:
             probs = torch.nn.functional.pad(probs, (0, k - first))
             ids = torch.nn.functional.pad(ids, (0, k - first))
@@ -432,9 +430,7 @@ class NucleusSampler:
             still_open = outside[:, first - 1] < self.top_p + 1e-4
             wide = (still_open | ties.any(dim=-1)).nonzero().squeeze(1)
             if wide.numel():
-                top, wide_ids = logits[wide].topk(k, dim=-1)
-                top = torch.exp(top - lse[wide])
-                probs[wide], ids[wide], outside[wide] = top, wide_ids, top.cumsum(dim=-1) - top
+                _, probs[wide], ids[wide], outside[wide] = self._top_mass(logits[wide], lse[wide], k)
         keep = outside < self.top_p  # the nucleus: exclusive cumulative mass below top_p
         keep[:, 0] = True
         spill = keep[:, -1] & (k < logits.shape[-1])  # the nucleus may extend beyond the candidates
@@ -455,6 +451,13 @@ class NucleusSampler:
             )
         probs = probs * keep
         return probs / probs.sum(dim=-1, keepdim=True), ids
+
+    @staticmethod
+    def _top_mass(logits: torch.Tensor, lse: torch.Tensor, width: int):
+        """Each row's top ``width``: ``(logits, probabilities, ids, exclusive cumulative mass)``, descending."""
+        top, ids = logits.topk(width, dim=-1)
+        probs = torch.exp(top - lse)
+        return top, probs, ids, probs.cumsum(dim=-1) - probs
 
     def draw(self, scores: torch.Tensor) -> torch.Tensor:
         """``[B]`` token ids drawn from each row's nucleus of ``scores [B, V]``: one multinomial draw per row, the
