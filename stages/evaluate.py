@@ -1,5 +1,6 @@
-"""Stage `evaluate`: base agents vs MAGRPO-trained adapters on the test split (and the val split with
-`evaluate.val`); gathers every method's metrics."""
+"""Stage `evaluate`: base agents vs MAGRPO-trained adapters on the test split, each transfer set (and the val split
+with `evaluate.val`); gathers every method's metrics. The trained pair is sampled here; the base pair's samples are
+`evaluate_base`'s (reports/eval_base), so a change to training alone does not sample the base pair again."""
 
 import json
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import mlflow
 
 from orchestry.analysis.metrics import key_metrics, summarize
-from orchestry.evaluation.agents import evaluate_agents, evaluate_workflow, trained_minus_base
+from orchestry.evaluation.agents import score_pairs, trained_minus_base
 from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, read_jsonl, start_stage, write_json, write_jsonl
@@ -21,13 +22,33 @@ ADAPTERS = Path("models/adapters/magrpo")
 KEY_METRICS = Path("reports/key_metrics.json")
 
 
-def score_pairs(problems, model, tok, sb, params, turns: int, workflow: bool):
-    """Base and trained pairs on ``problems``: ``[(name, records, summary), ...]`` (names ``base``, ``magrpo``)."""
+#: The base pair's samples per evaluation set (``test``, ``transfer/<name>``, ``val``) and their seconds.
+BASE = Path("reports/eval_base")
+
+
+def both_pairs(
+    set_name: str, problems, model, tok, sb, params, turns: int
+) -> list[tuple[str, list[dict], dict]]:
+    """``[("base", records, summary), ("magrpo", records, summary)]`` on one evaluation set: the base pair's records
+    read from ``evaluate_base``'s ``reports/eval_base/<set_name>.jsonl`` (summarised here, its seconds from that
+    stage), the trained pair sampled and scored now.
+
+    Raises:
+        SystemExit: the base pair's file is missing (the message says which stage writes it).
+    """
+    path = BASE / f"{set_name}.jsonl"
+    if not path.is_file():
+        raise SystemExit(
+            f"error: {path} is missing: `dvc repro evaluate_base` writes the base pair's samples"
+        )
+    records = read_jsonl(path)
     cfg, iv = params.evaluate, params.intervals
-    if workflow:  # base vs trained writer -> tester -> fixer episodes
-        return evaluate_workflow(problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed, iv)
-    return evaluate_agents(problems, model, tok, sb, params.sampling, cfg.num_samples, cfg.seed, cfg.batch_size,
-                           iv, turns=turns)  # fmt: skip
+    summary = summarize(records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples)
+    summary["seconds"] = json.loads((BASE / "seconds.json").read_text())[set_name]
+    return [
+        ("base", records, summary),
+        *score_pairs(problems, model, tok, sb, params, turns, pairs=("magrpo",)),
+    ]
 
 
 def extra_set(pairs, samples: str, prefix: str, n_problems: int, iv) -> dict:
@@ -60,7 +81,7 @@ def main() -> None:
         model, tok = load_policy(params, with_adapters=str(ADAPTERS), agents=agents)
         with open_sandbox(params) as sb:
             records: dict[str, list[dict]] = {}
-            for name, recs, summary in score_pairs(problems, model, tok, sb, params, turns, workflow):
+            for name, recs, summary in both_pairs("test", problems, model, tok, sb, params, turns):
                 methods[name] = summary
                 records[name] = recs
                 write_jsonl(f"reports/eval/{name}.jsonl", recs)
@@ -85,7 +106,7 @@ def main() -> None:
             report["transfer"] = {}
             for path in [] if workflow else sorted(Path("data/problems/transfer").glob("*.jsonl")):
                 extra = read_problems(path)[: cfg.max_problems_transfer]
-                pairs = score_pairs(extra, model, tok, sb, params, turns, workflow)
+                pairs = both_pairs(f"transfer/{path.stem}", extra, model, tok, sb, params, turns)
                 report["transfer"][path.stem] = extra_set(
                     pairs,
                     f"reports/eval/transfer/{path.stem}_{{name}}.jsonl",
@@ -96,7 +117,7 @@ def main() -> None:
             # the validation split (evaluate.val): the split `orchestry tune` optimises, never the test split
             if cfg.val:
                 val = read_problems("data/problems/val.jsonl")
-                pairs = score_pairs(val, model, tok, sb, params, turns, workflow)
+                pairs = both_pairs("val", val, model, tok, sb, params, turns)
                 report["val"] = extra_set(pairs, "reports/eval/val/{name}.jsonl", "val", len(val), iv)
         api = Path("reports/api_grpo/summary.json")
         if api.exists():

@@ -35,3 +35,40 @@ def test_later_turns_rerun_only_failed_samples_and_add_up_tokens(saved_agents, s
     assert later_turns(first, problems, model, tok, sandbox, sampling, 0, 8, turns=1, adapters=True) == [
         {**r, "turns_run": 1} for r in first
     ]
+
+
+def test_the_base_pair_from_the_bare_model_is_the_base_pair_with_the_adapters_off(
+    saved_agents, sandbox
+) -> None:
+    """`evaluate_base` samples the base pair from the bare base model; before that stage existed `evaluate` sampled
+    it from the trained peft model with the adapters off, right before the trained pair. Both give the same
+    records (seconds aside), also over two turns, and the trained pair alone is what it is after the base pair."""
+    from peft import PeftModel
+
+    from orchestry.config import IntervalsParams
+    from orchestry.evaluation.agents import evaluate_agents
+    from orchestry.llm.local import load_model
+
+    _, _, base, adapters = saved_agents
+    bare, tok = load_model(base)
+    trained, _ = load_model(base)
+    trained = PeftModel.from_pretrained(trained, str(adapters / "helper"), adapter_name="helper")
+    trained.load_adapter(str(adapters / "main"), adapter_name="main")
+    trained.eval()
+    problems = [make_problem(g.record) for g in generate(2, 2, seed=0)]
+    sampling = SamplingParams(max_completion_length=16)
+
+    def run(model, pairs):
+        out = evaluate_agents(problems, model, tok, sandbox, sampling, 2, 0, 8, IntervalsParams(resamples=100),
+                              progress=False, turns=2, pairs=pairs)  # fmt: skip
+        return {
+            name: [{k: v for k, v in r.items() if "seconds" not in k} for r in recs] for name, recs, _ in out
+        }
+
+    both = run(trained, ("magrpo", "base"))
+    assert list(both) == ["base", "magrpo"]  # PAIRS order, whatever order they are named in
+    assert run(bare, ("base",)) == {"base": both["base"]}
+    assert run(trained, ("magrpo",)) == {"magrpo": both["magrpo"]}
+    assert [r["main"] for r in both["base"]] != [r["main"] for r in both["magrpo"]]  # the adapters matter
+    with pytest.raises(ValueError, match="unknown pair"):
+        run(trained, ("trained",))

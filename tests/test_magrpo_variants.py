@@ -311,6 +311,12 @@ def test_writer_tester_fixer_workflow_trains_three_adapters(embedded_tokenizer, 
         assert summ["reward"] == pytest.approx(sum(r["total"] for r in recs) / 2) and summ["n_samples"] == 2
     texts = {n: [(r["writer"], r["tester"], r["fixer"]) for r in recs] for n, (recs, _) in out.items()}
     assert texts["base"] != texts["magrpo"]  # the trained adapters are used (at least one of them changed)
+    # `evaluate_base`: the base episodes from the bare base model (no peft) are the ones above
+    bare = tiny_llama(len(tok), seed=5)  # the weights under the adapters
+    ((name, recs, _),) = evaluate_workflow(problems, bare, tok, sandbox, sampling, 2, 0, IntervalsParams(resamples=100),
+                                           pairs=("base",))  # fmt: skip
+    strip = lambda rs: [{k: v for k, v in r.items() if "seconds" not in k} for r in rs]  # noqa: E731
+    assert name == "base" and strip(recs) == strip(out["base"][0])
 
 
 def test_params_reject_inconsistent_options():

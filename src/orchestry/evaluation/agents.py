@@ -9,6 +9,7 @@ each level, cooperation rate, tokens). ``orchestry evaluate`` runs it on any Hum
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,6 +22,19 @@ PAIRED_METRICS = ("pass", "total", "coop_rate", "aux_called", "truncated")
 
 #: The evaluated agent pairs, in order: ``(name, uses the trained adapters)``.
 PAIRS: tuple[tuple[str, bool], ...] = (("base", False), ("magrpo", True))
+PAIR_NAMES: tuple[str, ...] = tuple(name for name, _ in PAIRS)
+
+
+def _selected(pairs: Sequence[str]) -> list[tuple[str, bool]]:
+    """The entries of :data:`PAIRS` named in ``pairs``, in :data:`PAIRS` order.
+
+    Raises:
+        ValueError: a name is not a pair's.
+    """
+    unknown = sorted(set(pairs) - set(PAIR_NAMES))
+    if unknown:
+        raise ValueError(f"unknown pair(s) {unknown}: the pairs are {list(PAIR_NAMES)}")
+    return [(name, adapters) for name, adapters in PAIRS if name in pairs]
 
 
 class AdaptersError(ValueError):
@@ -58,6 +72,7 @@ def evaluate_agents(
     intervals: IntervalsParams,
     progress: bool = True,
     turns: int = 1,
+    pairs: Sequence[str] = PAIR_NAMES,
 ) -> Iterator[tuple[str, list[dict], dict]]:
     """Sample and score the base pair, then the trained pair; yield ``(name, records, summary)`` for each.
 
@@ -65,21 +80,27 @@ def evaluate_agents(
     pass every assert gets turn t+1 with the sandbox's feedback on turn t; its record is the last turn's.
 
     Args:
-        model: a peft model with adapters named ``helper`` and ``main`` (:func:`orchestry.runtime.load_policy`).
+        model: a peft model with adapters named ``helper`` and ``main`` (:func:`orchestry.runtime.load_policy`);
+            for the base pair alone also the bare base model (the same samples: the adapters are off).
         num_samples: samples per problem (the k of pass@k; pass@1 is always reported).
         seed: sampling seed; both pairs use the same one, so they differ only by the adapters.
         intervals: level and bootstrap resamples of the confidence intervals.
+        pairs: the pairs to run, in :data:`PAIRS` order (the ``evaluate_base`` stage runs ``("base",)``, the
+            ``evaluate`` stage ``("magrpo",)``).
 
     Yields:
         ``("base", records, summary)`` then ``("magrpo", records, summary)``: one record per (problem, sample)
         (:func:`orchestry.evaluation.baselines.run_method`; base records carry ``method="base"``) and the
         :func:`orchestry.analysis.metrics.summarize` dict plus ``seconds`` (wall seconds of the pair).
+
+    Raises:
+        ValueError: ``pairs`` names a pair not in :data:`PAIRS`.
     """
     from orchestry.analysis.metrics import summarize
     from orchestry.evaluation.baselines import run_method
 
     ks = sorted({1, num_samples})
-    for name, use_adapters in PAIRS:
+    for name, use_adapters in _selected(pairs):
         t0 = time.time()
         if use_adapters:
             recs = run_method("magrpo", problems, model, tokenizer, sandbox, sampling, num_samples, seed,
@@ -88,7 +109,7 @@ def evaluate_agents(
                 recs, problems, model, tokenizer, sandbox, sampling, seed, batch_size, turns, True
             )
         else:
-            with model.disable_adapter():
+            with model.disable_adapter() if hasattr(model, "peft_config") else contextlib.nullcontext():
                 recs = run_method("concat", problems, model, tokenizer, sandbox, sampling, num_samples, seed,
                                   batch_size, progress=progress)  # fmt: skip
                 recs = later_turns(recs, problems, model, tokenizer, sandbox, sampling, seed, batch_size, turns,
@@ -175,9 +196,11 @@ def evaluate_workflow(
     num_samples: int,
     seed: int,
     intervals: IntervalsParams,
+    pairs: Sequence[str] = PAIR_NAMES,
 ) -> Iterator[tuple[str, list[dict], dict]]:
     """The writer -> tester -> fixer workflow (``train_magrpo.workflow: writer_tester_fixer``) without and with
-    its trained adapters: yields ``("base", records, summary)`` then ``("magrpo", records, summary)``.
+    its trained adapters: yields ``("base", records, summary)`` then ``("magrpo", records, summary)`` (those of
+    them named in ``pairs``, as :func:`evaluate_agents`).
 
     Each record is one episode (:func:`orchestry.training.magrpo.workflow_rollout`, ``num_samples`` per
     problem, the same seed for both): the single-agent level reward of the fixer's final code (0..2.1; no
@@ -185,7 +208,11 @@ def evaluate_workflow(
     the tester's report; tokens are the three agents' together.
 
     Args:
-        model: a peft model with adapters ``writer``, ``tester``, ``fixer``.
+        model: a peft model with adapters ``writer``, ``tester``, ``fixer``; for the base episodes alone also the
+            bare base model.
+
+    Raises:
+        ValueError: ``pairs`` names a pair not in :data:`PAIRS`.
     """
     from orchestry.analysis.metrics import summarize
     from orchestry.training.common import BASE, WORKFLOW_AGENTS
@@ -193,7 +220,9 @@ def evaluate_workflow(
 
     agents = WORKFLOW_AGENTS["writer_tester_fixer"]
     ks = sorted({1, num_samples})
-    for name, adapters in (("base", (BASE,) * len(agents)), ("magrpo", agents)):
+    bare = BASE if hasattr(model, "peft_config") else None  # peft's per-row name of the bare model
+    for name, use_adapters in _selected(pairs):
+        adapters = agents if use_adapters else (bare,) * len(agents)
         t0 = time.time()
         batches, details, _ = workflow_rollout(
             model, tokenizer, problems, num_samples, sandbox, sampling, seed, adapters
@@ -207,6 +236,20 @@ def evaluate_workflow(
         summary = summarize(recs, ks, intervals.confidence, intervals.resamples)
         summary["seconds"] = time.time() - t0
         yield name, recs, summary
+
+
+def score_pairs(problems: Sequence[Problem], model, tokenizer, sandbox, params, turns: int,
+                pairs: Sequence[str] = PAIR_NAMES) -> list[tuple[str, list[dict], dict]]:  # fmt: skip
+    """The pairs named in ``pairs`` on ``problems`` with the ``evaluate`` settings of ``params`` (a
+    :class:`orchestry.config.Params`): the writer -> tester -> fixer episodes (:func:`evaluate_workflow`) when
+    ``train_magrpo.workflow`` is ``writer_tester_fixer``, else the helper/main pairs (:func:`evaluate_agents`),
+    ``turns`` turns each. Returns ``[(name, records, summary), ...]`` in :data:`PAIRS` order."""
+    cfg, iv = params.evaluate, params.intervals
+    if params.train_magrpo.workflow == "writer_tester_fixer":
+        return list(evaluate_workflow(problems, model, tokenizer, sandbox, params.sampling, cfg.num_samples,
+                                      cfg.seed, iv, pairs=pairs))  # fmt: skip
+    return list(evaluate_agents(problems, model, tokenizer, sandbox, params.sampling, cfg.num_samples, cfg.seed,
+                                cfg.batch_size, iv, turns=turns, pairs=pairs))  # fmt: skip
 
 
 def trained_minus_base(base: Sequence[dict], trained: Sequence[dict], intervals: IntervalsParams) -> dict:

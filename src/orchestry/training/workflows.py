@@ -36,7 +36,8 @@ def workflow_rollout(
 
     Args:
         problems: N problems; G: episodes per problem. seed: the writer's sampling seed (tester, fixer: offsets).
-        adapters: the peft adapter of (writer, tester, fixer) rows (``"__base__"``: the bare base model).
+        adapters: the peft adapter of (writer, tester, fixer) rows (``"__base__"``: the bare base model; None: the
+            model as it is, e.g. a base model without peft).
 
     Returns:
         ``({"writer"|"tester"|"fixer": GenerationBatch of N*G rows}, N*G records, N*G tester reports)``; a record
@@ -50,8 +51,9 @@ def workflow_rollout(
     limit = sampling.max_completion_length
     probs = [p for p in problems for _ in range(G)]
 
-    def sample(prompts: list[str], adapter: str, offset: int) -> GenerationBatch:
-        return generate(model, tokenizer, prompts, [adapter] * len(prompts), max_new_tokens=limit,
+    def sample(prompts: list[str], adapter: str | None, offset: int) -> GenerationBatch:
+        names = None if adapter is None else [adapter] * len(prompts)
+        return generate(model, tokenizer, prompts, names, max_new_tokens=limit,
                         temperature=sampling.temperature, top_p=sampling.top_p, seed=seed + offset)  # fmt: skip
 
     writer = sample(

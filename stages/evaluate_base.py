@@ -1,0 +1,51 @@
+"""Stage `evaluate_base`: the base pair (the base model's helper and main, no adapters) on the test split, on each
+transfer set and, with `evaluate.val`, on the val split: the reference `evaluate` compares the trained pair with.
+
+A stage of its own so that DVC runs it again only when what it reads changes (the base model, the problems, the
+`evaluate`, `sampling`, `model` and `sandbox` settings, the episode's workflow and turns), not when training does:
+a `dvc exp run -S train_magrpo.<key>=<value>` sweep or a new training seed evaluates the trained pair alone. The
+samples are the ones `evaluate` drew in the same process before this stage existed (same seeds, batches and
+kernels; the adapters were off for them)."""
+
+from pathlib import Path
+
+from orchestry.evaluation.agents import score_pairs
+from orchestry.problems import read_problems
+from orchestry.runtime import load_policy, open_sandbox, start_stage, write_json, write_jsonl
+from orchestry.tracking.metric_names import method_metrics
+from orchestry.tracking.runs import log_metrics, stage_run
+
+#: ``<set>.jsonl`` per evaluation set (``test``, ``transfer/<name>``, ``val``) and ``seconds.json``.
+OUT = Path("reports/eval_base")
+
+
+def main() -> None:
+    params = start_stage("evaluate_base")
+    cfg = params.evaluate
+    logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
+    turns = cfg.turns or params.train_magrpo.turns  # the episode the policy is trained in
+    sets = {"test": read_problems("data/problems/test.jsonl")[: cfg.max_problems]}
+    if params.train_magrpo.workflow != "writer_tester_fixer":  # the workflow is evaluated on the test split
+        for path in sorted(Path("data/problems/transfer").glob("*.jsonl")):
+            sets[f"transfer/{path.stem}"] = read_problems(path)[: cfg.max_problems_transfer]
+    if cfg.val:
+        sets["val"] = read_problems("data/problems/val.jsonl")
+    with stage_run("evaluate_base", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
+        model, tok = load_policy(params)  # the bare base model: the base pair's samples need no adapters
+        seconds = {}
+        with open_sandbox(params) as sb:
+            for name, problems in sets.items():
+                ((_, records, summary),) = score_pairs(
+                    problems, model, tok, sb, params, turns, pairs=("base",)
+                )
+                write_jsonl(OUT / f"{name}.jsonl", records)
+                seconds[name] = summary["seconds"]
+                log_metrics(method_metrics(name, "base", summary))
+                print(
+                    f"{name:22s} base reward {summary.get('reward', 0):.3f}  pass@1 {summary.get('pass@1', 0):.3f}"
+                )
+        write_json(OUT / "seconds.json", seconds)
+
+
+if __name__ == "__main__":
+    main()
