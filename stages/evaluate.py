@@ -8,7 +8,7 @@ from pathlib import Path
 import mlflow
 
 from orchestry.analysis.metrics import key_metrics, summarize
-from orchestry.evaluation.agents import score_pairs, trained_minus_base
+from orchestry.evaluation.agents import base_pair_settings, score_pairs, trained_minus_base
 from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, read_jsonl, start_stage, write_json, write_jsonl
@@ -22,29 +22,51 @@ ADAPTERS = Path("models/adapters/magrpo")
 KEY_METRICS = Path("reports/key_metrics.json")
 
 
-#: The base pair's samples per evaluation set (``test``, ``transfer/<name>``, ``val``) and their seconds.
+#: The base pair's samples per evaluation set (``test``, ``transfer/<name>``, ``val``), made by ``evaluate_base``.
 BASE = Path("reports/eval_base")
+AGAIN = "`dvc repro evaluate_base` samples the base pair again"
+
+
+def base_pair_record(params, turns: int) -> dict:
+    """``evaluate_base``'s ``summary.json`` (the settings its samples were made with, each set's seconds), checked
+    against the current settings before any model is loaded.
+
+    Raises:
+        SystemExit: the base pair's samples are missing or were made with other settings
+            (:func:`orchestry.evaluation.agents.base_pair_settings`); the message names what differs.
+    """
+    made = BASE / "summary.json"
+    if not made.is_file():
+        raise SystemExit(f"error: {made} is missing: {AGAIN}")
+    recorded = json.loads(made.read_text())
+    now = base_pair_settings(params, turns)
+    changed = sorted(k for k in now if recorded["settings"].get(k) != now[k])
+    if changed:
+        raise SystemExit(
+            f"error: {BASE} holds samples made with other {', '.join(changed)} settings: {AGAIN}"
+        )
+    return recorded
 
 
 def both_pairs(
-    set_name: str, problems, model, tok, sb, params, turns: int
+    set_name: str, problems, model, tok, sb, params, turns: int, recorded: dict
 ) -> list[tuple[str, list[dict], dict]]:
     """``[("base", records, summary), ("magrpo", records, summary)]`` on one evaluation set: the base pair's records
-    read from ``evaluate_base``'s ``reports/eval_base/<set_name>.jsonl`` (summarised here, its seconds from that
-    stage), the trained pair sampled and scored now.
+    read from ``evaluate_base``'s ``reports/eval_base/<set_name>.jsonl`` (summarised here, its seconds from
+    ``recorded``, :func:`base_pair_record`), the trained pair sampled and scored now.
 
     Raises:
-        SystemExit: the base pair's file is missing (the message says which stage writes it).
+        SystemExit: the set's base samples are missing or on other problems (the message says so).
     """
     path = BASE / f"{set_name}.jsonl"
-    if not path.is_file():
-        raise SystemExit(
-            f"error: {path} is missing: `dvc repro evaluate_base` writes the base pair's samples"
-        )
+    if not path.is_file() or set_name not in recorded["seconds"]:
+        raise SystemExit(f"error: {path} is missing: {AGAIN}")
     records = read_jsonl(path)
+    if {r["task_id"] for r in records} != {p.task_id for p in problems}:
+        raise SystemExit(f"error: {path} holds other problems than the {set_name} set's: {AGAIN}")
     cfg, iv = params.evaluate, params.intervals
     summary = summarize(records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples)
-    summary["seconds"] = json.loads((BASE / "seconds.json").read_text())[set_name]
+    summary["seconds"] = recorded["seconds"][set_name]
     return [
         ("base", records, summary),
         *score_pairs(problems, model, tok, sb, params, turns, pairs=("magrpo",)),
@@ -75,13 +97,14 @@ def main() -> None:
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
     methods: dict[str, dict] = {}
     turns = cfg.turns or params.train_magrpo.turns  # the episode the policy was trained in
+    recorded = base_pair_record(params, turns)  # evaluate_base's samples fit these settings (else exit 1)
     with stage_run("evaluate", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
         workflow = params.train_magrpo.workflow == "writer_tester_fixer"
         agents = WORKFLOW_AGENTS[params.train_magrpo.workflow]
         model, tok = load_policy(params, with_adapters=str(ADAPTERS), agents=agents)
         with open_sandbox(params) as sb:
             records: dict[str, list[dict]] = {}
-            for name, recs, summary in both_pairs("test", problems, model, tok, sb, params, turns):
+            for name, recs, summary in both_pairs("test", problems, model, tok, sb, params, turns, recorded):
                 methods[name] = summary
                 records[name] = recs
                 write_jsonl(f"reports/eval/{name}.jsonl", recs)
@@ -106,7 +129,7 @@ def main() -> None:
             report["transfer"] = {}
             for path in [] if workflow else sorted(Path("data/problems/transfer").glob("*.jsonl")):
                 extra = read_problems(path)[: cfg.max_problems_transfer]
-                pairs = both_pairs(f"transfer/{path.stem}", extra, model, tok, sb, params, turns)
+                pairs = both_pairs(f"transfer/{path.stem}", extra, model, tok, sb, params, turns, recorded)
                 report["transfer"][path.stem] = extra_set(
                     pairs,
                     f"reports/eval/transfer/{path.stem}_{{name}}.jsonl",
@@ -117,7 +140,7 @@ def main() -> None:
             # the validation split (evaluate.val): the split `orchestry tune` optimises, never the test split
             if cfg.val:
                 val = read_problems("data/problems/val.jsonl")
-                pairs = both_pairs("val", val, model, tok, sb, params, turns)
+                pairs = both_pairs("val", val, model, tok, sb, params, turns, recorded)
                 report["val"] = extra_set(pairs, "reports/eval/val/{name}.jsonl", "val", len(val), iv)
         api = Path("reports/api_grpo/summary.json")
         if api.exists():

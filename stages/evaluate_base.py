@@ -9,13 +9,14 @@ kernels; the adapters were off for them)."""
 
 from pathlib import Path
 
-from orchestry.evaluation.agents import score_pairs
+from orchestry.evaluation.agents import base_pair_settings, score_pairs
 from orchestry.problems import read_problems
 from orchestry.runtime import load_policy, open_sandbox, start_stage, write_json, write_jsonl
 from orchestry.tracking.metric_names import method_metrics
 from orchestry.tracking.runs import log_metrics, stage_run
 
-#: ``<set>.jsonl`` per evaluation set (``test``, ``transfer/<name>``, ``val``) and ``seconds.json``.
+#: ``<set>.jsonl`` per evaluation set (``test``, ``transfer/<name>``, ``val``) and ``summary.json`` (the settings
+#: the samples were made with, :func:`orchestry.evaluation.agents.base_pair_settings`, and each set's seconds).
 OUT = Path("reports/eval_base")
 
 
@@ -44,7 +45,7 @@ def main() -> None:
                 print(
                     f"{name:22s} base reward {summary.get('reward', 0):.3f}  pass@1 {summary.get('pass@1', 0):.3f}"
                 )
-        write_json(OUT / "seconds.json", seconds)
+        write_json(OUT / "summary.json", {"settings": base_pair_settings(params, turns), "seconds": seconds})
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from orchestry.cli import app
-from orchestry.smoke import clean_env, micro_params, run
+from orchestry.smoke import SmokeError, clean_env, micro_params, run
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -212,6 +212,12 @@ def test_the_evaluate_stage_adds_the_val_split(saved_agents, tmp_path):
     assert ids == {r["task_id"] for r in records[2:4]}
     base_val = read_jsonl(work / "reports" / "eval_base" / "val.jsonl")
     assert base_val == read_jsonl(work / "reports" / "eval" / "val" / "base.jsonl") and len(base_val) == 2
+    # a changed evaluation seed: the base pair's samples are stale, and evaluate says so before loading a model
+    params["evaluate"]["seed"] = 5
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(SmokeError) as stale:
+        run([sys.executable, str(ROOT / "stages" / "evaluate.py")], work, env, timeout=900)
+    assert "samples made with other evaluate settings: `dvc repro evaluate_base`" in stale.value.output
 
 
 # ---------------------------------------------------------------- a real study (DVC + Optuna + MLflow)

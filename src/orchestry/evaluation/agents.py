@@ -252,6 +252,20 @@ def score_pairs(problems: Sequence[Problem], model, tokenizer, sandbox, params, 
                                 cfg.batch_size, iv, turns=turns, pairs=pairs))  # fmt: skip
 
 
+def base_pair_settings(params, turns: int) -> dict:
+    """What the base pair's samples depend on besides the problems: the ``evaluate``, ``sampling``, ``model`` and
+    ``sandbox`` sections of ``params`` (a :class:`orchestry.config.Params`), the workflow and the turns run.
+    ``evaluate_base`` records it beside the samples; ``evaluate`` refuses samples made with other settings."""
+    return {
+        "evaluate": params.evaluate.model_dump(mode="json"),
+        "sampling": params.sampling.model_dump(mode="json"),
+        "model": params.model.model_dump(mode="json"),
+        "sandbox": params.sandbox.model_dump(mode="json"),
+        "workflow": params.train_magrpo.workflow,
+        "turns": turns,
+    }
+
+
 def trained_minus_base(base: Sequence[dict], trained: Sequence[dict], intervals: IntervalsParams) -> dict:
     """Trained pair minus base pair on the same problems, paired by problem, with percentile bootstrap intervals
     over problems (:func:`orchestry.reporting.compare.paired_comparison`, ``intervals.resamples`` resamples).
