@@ -3,15 +3,29 @@ with `evaluate.val`); gathers every method's metrics. The trained pair is sample
 `evaluate_base`'s (reports/eval_base), so a change to training alone does not sample the base pair again."""
 
 import json
+import logging
 from pathlib import Path
 
 import mlflow
 
 from orchestry.analysis.metrics import key_metrics, summarize
-from orchestry.evaluation.agents import base_pair_settings, score_pairs, trained_minus_base
+from orchestry.evaluation.agents import (
+    base_pair_settings,
+    problems_fingerprint,
+    score_pairs,
+    trained_minus_base,
+)
 from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
-from orchestry.runtime import load_policy, open_sandbox, read_jsonl, start_stage, write_json, write_jsonl
+from orchestry.runtime import (
+    inputs_key,
+    load_policy,
+    open_sandbox,
+    read_jsonl,
+    start_stage,
+    write_json,
+    write_jsonl,
+)
 from orchestry.tracking.metric_names import method_metrics
 from orchestry.tracking.models import log_samples_table
 from orchestry.tracking.runs import log_metrics, stage_run
@@ -20,22 +34,28 @@ from orchestry.training.magrpo import WORKFLOW_AGENTS
 ADAPTERS = Path("models/adapters/magrpo")
 #: Each method's pass@1, reward and cooperation rate: the first DVC metrics file, so `dvc exp show` leads with them.
 KEY_METRICS = Path("reports/key_metrics.json")
+log = logging.getLogger("evaluate")
 
 
 #: The base pair's samples per evaluation set (``test``, ``transfer/<name>``, ``val``), made by ``evaluate_base``.
 BASE = Path("reports/eval_base")
+BASE_MADE = Path("reports/eval_base.json")  # what they were made with and from, each set's seconds
 AGAIN = "`dvc repro evaluate_base` samples the base pair again"
 
 
 def base_pair_record(params, turns: int) -> dict:
-    """``evaluate_base``'s ``summary.json`` (the settings its samples were made with, each set's seconds), checked
-    against the current settings before any model is loaded.
+    """``evaluate_base``'s ``reports/eval_base.json`` (what its samples were made with and from, each set's seconds), checked
+    before any model is loaded: the settings (:func:`orchestry.evaluation.agents.base_pair_settings`) and, where
+    ``dvc.yaml`` declares the stage, the key of everything it reads (:func:`orchestry.runtime.inputs_key`: its
+    code, data, the base model, its params). A different machine (CPU flags, threads, kernels, torch, numerics)
+    is logged as a warning: sampled tokens can differ across machines, so the two pairs' samples then come
+    from two machines (``metrics.json`` records both).
 
     Raises:
-        SystemExit: the base pair's samples are missing or were made with other settings
-            (:func:`orchestry.evaluation.agents.base_pair_settings`); the message names what differs.
+        SystemExit: the base pair's samples are missing or were made with other settings or inputs; the message
+            names what differs.
     """
-    made = BASE / "summary.json"
+    made = BASE_MADE
     if not made.is_file():
         raise SystemExit(f"error: {made} is missing: {AGAIN}")
     recorded = json.loads(made.read_text())
@@ -45,6 +65,13 @@ def base_pair_record(params, turns: int) -> dict:
         raise SystemExit(
             f"error: {BASE} holds samples made with other {', '.join(changed)} settings: {AGAIN}"
         )
+    key = inputs_key("evaluate_base", params)
+    if key is not None and recorded.get("inputs") != key:
+        raise SystemExit(f"error: {BASE} holds samples made from other code, data or base model: {AGAIN}")
+    machine = machine_info()
+    keys = ("cpu_flags", "threads", "kernels", "torch", "numerics", "mkl_cbwr")
+    if {k: recorded["machine"].get(k) for k in keys} != {k: machine[k] for k in keys}:
+        log.warning("the base pair's samples were made on another machine: %s", recorded["machine"])
     return recorded
 
 
@@ -56,14 +83,14 @@ def both_pairs(
     ``recorded``, :func:`base_pair_record`), the trained pair sampled and scored now.
 
     Raises:
-        SystemExit: the set's base samples are missing or on other problems (the message says so).
+        SystemExit: the set's base samples are missing or of other problems (the message says so).
     """
     path = BASE / f"{set_name}.jsonl"
     if not path.is_file() or set_name not in recorded["seconds"]:
         raise SystemExit(f"error: {path} is missing: {AGAIN}")
+    if recorded["problems"].get(set_name) != problems_fingerprint(problems):
+        raise SystemExit(f"error: {path} holds samples of other problems than the {set_name} set's: {AGAIN}")
     records = read_jsonl(path)
-    if {r["task_id"] for r in records} != {p.task_id for p in problems}:
-        raise SystemExit(f"error: {path} holds other problems than the {set_name} set's: {AGAIN}")
     cfg, iv = params.evaluate, params.intervals
     summary = summarize(records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples)
     summary["seconds"] = recorded["seconds"][set_name]
@@ -146,6 +173,9 @@ def main() -> None:
         if api.exists():
             report["api_grpo"] = json.loads(api.read_text())
         report["machine"] = machine_info()
+        report["base_machine"] = recorded[
+            "machine"
+        ]  # evaluate_base's: where the base pair's samples were made
         write_json("reports/metrics.json", report)
         mlflow.log_artifact("reports/metrics.json")
         # in key order, not sorted: DVC shows a metrics file's keys in file order

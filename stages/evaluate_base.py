@@ -9,15 +9,18 @@ kernels; the adapters were off for them)."""
 
 from pathlib import Path
 
-from orchestry.evaluation.agents import base_pair_settings, score_pairs
+from orchestry.evaluation.agents import base_pair_settings, problems_fingerprint, score_pairs
+from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
-from orchestry.runtime import load_policy, open_sandbox, start_stage, write_json, write_jsonl
+from orchestry.runtime import inputs_key, load_policy, open_sandbox, start_stage, write_json, write_jsonl
 from orchestry.tracking.metric_names import method_metrics
 from orchestry.tracking.runs import log_metrics, stage_run
 
-#: ``<set>.jsonl`` per evaluation set (``test``, ``transfer/<name>``, ``val``) and ``summary.json`` (the settings
-#: the samples were made with, :func:`orchestry.evaluation.agents.base_pair_settings`, and each set's seconds).
+#: ``<set>.jsonl`` per evaluation set (``test``, ``transfer/<name>``, ``val``); ``reports/eval_base.json``: the settings
+#: the samples were made with (:func:`orchestry.evaluation.agents.base_pair_settings`), the key of everything this
+#: stage reads (:func:`orchestry.runtime.inputs_key`), each set's problems' fingerprint and seconds, the machine.
 OUT = Path("reports/eval_base")
+MADE = Path("reports/eval_base.json")
 
 
 def main() -> None:
@@ -45,7 +48,14 @@ def main() -> None:
                 print(
                     f"{name:22s} base reward {summary.get('reward', 0):.3f}  pass@1 {summary.get('pass@1', 0):.3f}"
                 )
-        write_json(OUT / "summary.json", {"settings": base_pair_settings(params, turns), "seconds": seconds})
+        made = {
+            "settings": base_pair_settings(params, turns),
+            "inputs": inputs_key("evaluate_base", params),
+            "problems": {name: problems_fingerprint(problems) for name, problems in sets.items()},
+            "seconds": seconds,
+            "machine": machine_info(),
+        }
+        write_json(MADE, made)
 
 
 if __name__ == "__main__":

@@ -72,3 +72,5 @@ def test_the_base_pair_from_the_bare_model_is_the_base_pair_with_the_adapters_of
     assert [r["main"] for r in both["base"]] != [r["main"] for r in both["magrpo"]]  # the adapters matter
     with pytest.raises(ValueError, match="unknown pair"):
         run(trained, ("trained",))
+    with pytest.raises(ValueError, match="needs a peft model"):  # not the base model's samples named magrpo
+        run(bare, ("magrpo",))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestry.smoke import clean_env, make_micro_repo, run, run_repro
+from orchestry.smoke import SmokeError, clean_env, make_micro_repo, run, run_repro
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,13 +119,15 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     for m in DEFAULT_METRICS:  # the same figures as the execution that ran every stage
         assert dpi[m] == first[m] or (dpi[m] != dpi[m] and first[m] != first[m]), m
 
-    # a training-only DVC experiment samples the trained pair again, not the base pair: evaluate_base's outputs
-    # come from the cache
-    run(
-        [sys.executable, "-m", "dvc", "exp", "run", "-n", "lr2", "-S", "train_magrpo.learning_rate=0.0002"],
-        repo,
-        env,
-    )
-    runs = client.search_runs([exp.experiment_id], filter_string="tags.dvc_experiment = 'lr2'")
+    # a training-only DVC experiment (another training seed: other adapters) samples the trained pair again, not
+    # the base pair: evaluate_base's outputs come from the cache
+    run([sys.executable, "-m", "dvc", "exp", "run", "-n", "seed1", "-S", "train_magrpo.seed=1"], repo, env)
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.dvc_experiment = 'seed1'")
     ran = sorted(r.data.tags.get("stage", "<parent>") for r in runs)
     assert ran == ["<parent>", "detect_schemes", "evaluate", "plot", "train_magrpo"], ran
+    # evaluate run by hand after a change to what evaluate_base reads (its code): refused, before any model loads
+    script = repo / "stages/evaluate_base.py"
+    script.write_text(script.read_text() + "# changed\n")
+    with pytest.raises(SmokeError) as stale:
+        run([sys.executable, "stages/evaluate.py"], repo, env)
+    assert "samples made from other code, data or base model" in stale.value.output

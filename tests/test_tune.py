@@ -218,6 +218,15 @@ def test_the_evaluate_stage_adds_the_val_split(saved_agents, tmp_path):
     with pytest.raises(SmokeError) as stale:
         run([sys.executable, str(ROOT / "stages" / "evaluate.py")], work, env, timeout=900)
     assert "samples made with other evaluate settings: `dvc repro evaluate_base`" in stale.value.output
+    # the same settings, a changed val problem (same task ids): refused too
+    params["evaluate"]["seed"] = 1
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    val_problems = read_jsonl(work / "data/problems/val.jsonl")
+    val_problems[0]["prompt"] += "    # changed\n"
+    write_jsonl(work / "data/problems/val.jsonl", val_problems)
+    with pytest.raises(SmokeError) as other:
+        run([sys.executable, str(ROOT / "stages" / "evaluate.py")], work, env, timeout=900)
+    assert "holds samples of other problems than the val set's" in other.value.output
 
 
 # ---------------------------------------------------------------- a real study (DVC + Optuna + MLflow)

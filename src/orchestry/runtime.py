@@ -229,6 +229,17 @@ def stage_inputs(stage: str, dvc_file: str | Path = "dvc.yaml") -> tuple[list[st
     return deps, params
 
 
+def inputs_key(stage: str, params: Params, dvc_file: str | Path = "dvc.yaml") -> str | None:
+    """:func:`stage_inputs_key` of ``stage``, or None where ``dvc_file`` does not declare it (a stage script run
+    outside the project, e.g. in a test's folder)."""
+    if not Path(dvc_file).is_file():
+        return None
+    try:
+        return stage_inputs_key(stage, params, dvc_file)
+    except KeyError:
+        return None
+
+
 def stage_inputs_key(
     stage: str, params: Params, dvc_file: str | Path = "dvc.yaml", exclude: Iterable[str] = ()
 ) -> str:

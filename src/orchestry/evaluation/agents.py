@@ -25,16 +25,20 @@ PAIRS: tuple[tuple[str, bool], ...] = (("base", False), ("magrpo", True))
 PAIR_NAMES: tuple[str, ...] = tuple(name for name, _ in PAIRS)
 
 
-def _selected(pairs: Sequence[str]) -> list[tuple[str, bool]]:
+def _selected(pairs: Sequence[str], model) -> list[tuple[str, bool]]:
     """The entries of :data:`PAIRS` named in ``pairs``, in :data:`PAIRS` order.
 
     Raises:
-        ValueError: a name is not a pair's.
+        ValueError: a name is not a pair's, or a pair with adapters is asked of a model without peft adapters
+            (its samples would be the base model's under the trained pair's name).
     """
     unknown = sorted(set(pairs) - set(PAIR_NAMES))
     if unknown:
         raise ValueError(f"unknown pair(s) {unknown}: the pairs are {list(PAIR_NAMES)}")
-    return [(name, adapters) for name, adapters in PAIRS if name in pairs]
+    chosen = [(name, adapters) for name, adapters in PAIRS if name in pairs]
+    if any(adapters for _, adapters in chosen) and not hasattr(model, "peft_config"):
+        raise ValueError("the trained pair needs a peft model with the agents' adapters; this model has none")
+    return chosen
 
 
 class AdaptersError(ValueError):
@@ -100,7 +104,7 @@ def evaluate_agents(
     from orchestry.evaluation.baselines import run_method
 
     ks = sorted({1, num_samples})
-    for name, use_adapters in _selected(pairs):
+    for name, use_adapters in _selected(pairs, model):
         t0 = time.time()
         if use_adapters:
             recs = run_method("magrpo", problems, model, tokenizer, sandbox, sampling, num_samples, seed,
@@ -221,7 +225,7 @@ def evaluate_workflow(
     agents = WORKFLOW_AGENTS["writer_tester_fixer"]
     ks = sorted({1, num_samples})
     bare = BASE if hasattr(model, "peft_config") else None  # peft's per-row name of the bare model
-    for name, use_adapters in _selected(pairs):
+    for name, use_adapters in _selected(pairs, model):
         adapters = agents if use_adapters else (bare,) * len(agents)
         t0 = time.time()
         batches, details, _ = workflow_rollout(
@@ -250,6 +254,18 @@ def score_pairs(problems: Sequence[Problem], model, tokenizer, sandbox, params, 
                                       cfg.seed, iv, pairs=pairs))  # fmt: skip
     return list(evaluate_agents(problems, model, tokenizer, sandbox, params.sampling, cfg.num_samples, cfg.seed,
                                 cfg.batch_size, iv, turns=turns, pairs=pairs))  # fmt: skip
+
+
+def problems_fingerprint(problems: Sequence[Problem]) -> str:
+    """16 hex digits of SHA-256 over ``problems``' records in order (prompt, tests, everything ``to_dict`` holds):
+    what ``evaluate`` compares to tell that ``evaluate_base``'s samples are of the same problems."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(json.dumps(p.to_dict(), sort_keys=True).encode() + b"\n")
+    return h.hexdigest()[:16]
 
 
 def base_pair_settings(params, turns: int) -> dict:
