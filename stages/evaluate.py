@@ -11,6 +11,7 @@ import mlflow
 from orchestry.analysis.metrics import key_metrics, summarize
 from orchestry.evaluation.agents import (
     base_pair_settings,
+    evaluated_turns,
     problems_fingerprint,
     score_pairs,
     trained_minus_base,
@@ -43,7 +44,7 @@ BASE_MADE = Path("reports/eval_base.json")  # what they were made with and from,
 AGAIN = "`dvc repro evaluate_base` samples the base pair again"
 
 
-def base_pair_record(params, turns: int) -> dict:
+def base_pair_record(params) -> dict:
     """``evaluate_base``'s ``reports/eval_base.json`` (what its samples were made with and from, each set's seconds), checked
     before any model is loaded: the settings (:func:`orchestry.evaluation.agents.base_pair_settings`) and, where
     ``dvc.yaml`` declares the stage, the key of everything it reads (:func:`orchestry.runtime.inputs_key`: its
@@ -55,11 +56,10 @@ def base_pair_record(params, turns: int) -> dict:
         SystemExit: the base pair's samples are missing or were made with other settings or inputs; the message
             names what differs.
     """
-    made = BASE_MADE
-    if not made.is_file():
-        raise SystemExit(f"error: {made} is missing: {AGAIN}")
-    recorded = json.loads(made.read_text())
-    now = base_pair_settings(params, turns)
+    if not BASE_MADE.is_file():
+        raise SystemExit(f"error: {BASE_MADE} is missing: {AGAIN}")
+    recorded = json.loads(BASE_MADE.read_text())
+    now = base_pair_settings(params)
     changed = sorted(k for k in now if recorded["settings"].get(k) != now[k])
     if changed:
         raise SystemExit(
@@ -76,7 +76,7 @@ def base_pair_record(params, turns: int) -> dict:
 
 
 def both_pairs(
-    set_name: str, problems, model, tok, sb, params, turns: int, recorded: dict
+    set_name: str, problems, model, tok, sb, params, recorded: dict
 ) -> list[tuple[str, list[dict], dict]]:
     """``[("base", records, summary), ("magrpo", records, summary)]`` on one evaluation set: the base pair's records
     read from ``evaluate_base``'s ``reports/eval_base/<set_name>.jsonl`` (summarised here, its seconds from
@@ -96,7 +96,7 @@ def both_pairs(
     summary["seconds"] = recorded["seconds"][set_name]
     return [
         ("base", records, summary),
-        *score_pairs(problems, model, tok, sb, params, turns, pairs=("magrpo",)),
+        *score_pairs(problems, model, tok, sb, params, pairs=("magrpo",)),
     ]
 
 
@@ -123,15 +123,15 @@ def main() -> None:
     iv = params.intervals
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
     methods: dict[str, dict] = {}
-    turns = cfg.turns or params.train_magrpo.turns  # the episode the policy was trained in
-    recorded = base_pair_record(params, turns)  # evaluate_base's samples fit these settings (else exit 1)
+    turns = evaluated_turns(params)  # the episode the policy was trained in
+    recorded = base_pair_record(params)  # evaluate_base's samples fit these settings (else exit 1)
     with stage_run("evaluate", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
         workflow = params.train_magrpo.workflow == "writer_tester_fixer"
         agents = WORKFLOW_AGENTS[params.train_magrpo.workflow]
         model, tok = load_policy(params, with_adapters=str(ADAPTERS), agents=agents)
         with open_sandbox(params) as sb:
             records: dict[str, list[dict]] = {}
-            for name, recs, summary in both_pairs("test", problems, model, tok, sb, params, turns, recorded):
+            for name, recs, summary in both_pairs("test", problems, model, tok, sb, params, recorded):
                 methods[name] = summary
                 records[name] = recs
                 write_jsonl(f"reports/eval/{name}.jsonl", recs)
@@ -156,7 +156,7 @@ def main() -> None:
             report["transfer"] = {}
             for path in [] if workflow else sorted(Path("data/problems/transfer").glob("*.jsonl")):
                 extra = read_problems(path)[: cfg.max_problems_transfer]
-                pairs = both_pairs(f"transfer/{path.stem}", extra, model, tok, sb, params, turns, recorded)
+                pairs = both_pairs(f"transfer/{path.stem}", extra, model, tok, sb, params, recorded)
                 report["transfer"][path.stem] = extra_set(
                     pairs,
                     f"reports/eval/transfer/{path.stem}_{{name}}.jsonl",
@@ -167,7 +167,7 @@ def main() -> None:
             # the validation split (evaluate.val): the split `orchestry tune` optimises, never the test split
             if cfg.val:
                 val = read_problems("data/problems/val.jsonl")
-                pairs = both_pairs("val", val, model, tok, sb, params, turns, recorded)
+                pairs = both_pairs("val", val, model, tok, sb, params, recorded)
                 report["val"] = extra_set(pairs, "reports/eval/val/{name}.jsonl", "val", len(val), iv)
         api = Path("reports/api_grpo/summary.json")
         if api.exists():

@@ -27,7 +27,6 @@ def main() -> None:
     params = start_stage("evaluate_base")
     cfg = params.evaluate
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
-    turns = cfg.turns or params.train_magrpo.turns  # the episode the policy is trained in
     sets = {"test": read_problems("data/problems/test.jsonl")[: cfg.max_problems]}
     if params.train_magrpo.workflow != "writer_tester_fixer":  # the workflow is evaluated on the test split
         for path in sorted(Path("data/problems/transfer").glob("*.jsonl")):
@@ -39,9 +38,7 @@ def main() -> None:
         seconds = {}
         with open_sandbox(params) as sb:
             for name, problems in sets.items():
-                ((_, records, summary),) = score_pairs(
-                    problems, model, tok, sb, params, turns, pairs=("base",)
-                )
+                ((_, records, summary),) = score_pairs(problems, model, tok, sb, params, pairs=("base",))
                 write_jsonl(OUT / f"{name}.jsonl", records)
                 seconds[name] = summary["seconds"]
                 log_metrics(method_metrics(name, "base", summary))
@@ -49,7 +46,7 @@ def main() -> None:
                     f"{name:22s} base reward {summary.get('reward', 0):.3f}  pass@1 {summary.get('pass@1', 0):.3f}"
                 )
         made = {
-            "settings": base_pair_settings(params, turns),
+            "settings": base_pair_settings(params),
             "inputs": inputs_key("evaluate_base", params),
             "problems": {name: problems_fingerprint(problems) for name, problems in sets.items()},
             "seconds": seconds,

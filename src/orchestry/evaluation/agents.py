@@ -242,18 +242,24 @@ def evaluate_workflow(
         yield name, recs, summary
 
 
-def score_pairs(problems: Sequence[Problem], model, tokenizer, sandbox, params, turns: int,
+def evaluated_turns(params) -> int:
+    """The turns an evaluated episode runs: ``evaluate.turns``, or when null ``train_magrpo.turns`` (the episode
+    the policy was trained in)."""
+    return params.evaluate.turns or params.train_magrpo.turns
+
+
+def score_pairs(problems: Sequence[Problem], model, tokenizer, sandbox, params,
                 pairs: Sequence[str] = PAIR_NAMES) -> list[tuple[str, list[dict], dict]]:  # fmt: skip
     """The pairs named in ``pairs`` on ``problems`` with the ``evaluate`` settings of ``params`` (a
     :class:`orchestry.config.Params`): the writer -> tester -> fixer episodes (:func:`evaluate_workflow`) when
     ``train_magrpo.workflow`` is ``writer_tester_fixer``, else the helper/main pairs (:func:`evaluate_agents`),
-    ``turns`` turns each. Returns ``[(name, records, summary), ...]`` in :data:`PAIRS` order."""
+    :func:`evaluated_turns` turns each. Returns ``[(name, records, summary), ...]`` in :data:`PAIRS` order."""
     cfg, iv = params.evaluate, params.intervals
     if params.train_magrpo.workflow == "writer_tester_fixer":
         return list(evaluate_workflow(problems, model, tokenizer, sandbox, params.sampling, cfg.num_samples,
                                       cfg.seed, iv, pairs=pairs))  # fmt: skip
     return list(evaluate_agents(problems, model, tokenizer, sandbox, params.sampling, cfg.num_samples, cfg.seed,
-                                cfg.batch_size, iv, turns=turns, pairs=pairs))  # fmt: skip
+                                cfg.batch_size, iv, turns=evaluated_turns(params), pairs=pairs))  # fmt: skip
 
 
 def problems_fingerprint(problems: Sequence[Problem]) -> str:
@@ -268,7 +274,7 @@ def problems_fingerprint(problems: Sequence[Problem]) -> str:
     return h.hexdigest()[:16]
 
 
-def base_pair_settings(params, turns: int) -> dict:
+def base_pair_settings(params) -> dict:
     """What the base pair's samples depend on besides the problems: the ``evaluate``, ``sampling``, ``model`` and
     ``sandbox`` sections of ``params`` (a :class:`orchestry.config.Params`), the workflow and the turns run.
     ``evaluate_base`` records it beside the samples; ``evaluate`` refuses samples made with other settings."""
@@ -278,7 +284,7 @@ def base_pair_settings(params, turns: int) -> dict:
         "model": params.model.model_dump(mode="json"),
         "sandbox": params.sandbox.model_dump(mode="json"),
         "workflow": params.train_magrpo.workflow,
-        "turns": turns,
+        "turns": evaluated_turns(params),
     }
 
 
