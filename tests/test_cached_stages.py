@@ -164,3 +164,52 @@ def test_a_stage_restored_from_the_run_cache_links_the_run_that_made_its_outputs
     row = _table(root).loc["back"]
     assert (row["stages"], row["cached"]) == (1, 2)
     assert (row["train@a:score"], row["train@b:score"]) == (0.0, 1.0)
+
+
+GRAPH_YAML = """
+stages:
+  train:
+    matrix:
+      m: ${methods}
+    cmd: python train.py ${item.m}
+    outs:
+      - score_${item.m}.json:
+          cache: false
+  plot:
+    cmd: python plot.py
+    deps: [score_a.json]
+    outs: [plot.txt]
+"""
+
+
+def test_the_stage_graph_is_kept_under_the_bytes_of_dvc_yaml_and_params(tmp_path, monkeypatch):
+    """dvc_stages answers from .orchestry/dvc_stages.json while dvc.yaml and params.yaml are unchanged (the file is
+    what it returns: edited by hand, the edit comes back) and asks DVC again when either changes, when the file is
+    unreadable, and never keeps one when dvc.yaml names vars (files the key does not cover)."""
+    from orchestry.tracking.runs import dvc_stages
+
+    subprocess.run(["dvc", "init", "-q", "--no-scm"], cwd=tmp_path, check=True, env=clean_env())
+    monkeypatch.chdir(tmp_path)  # as in a stage: DVC names stages relative to the working directory
+    (tmp_path / "dvc.yaml").write_text(GRAPH_YAML)
+    (tmp_path / "params.yaml").write_text("methods: [a, b]\n")
+    cache = tmp_path / ".orchestry" / "dvc_stages.json"
+    expected = {
+        "train@a": (["score_a.json"], set()),
+        "train@b": (["score_b.json"], set()),
+        "plot": ([], {"train@a"}),
+    }
+    assert dvc_stages(tmp_path) == expected
+    assert cache.is_file()
+    saved = cache.read_text()
+    cache.write_text(saved.replace('"score_b.json"', '"edited.json"'))
+    assert dvc_stages(tmp_path)["train@b"] == (["edited.json"], set())  # read from the file
+    (tmp_path / "params.yaml").write_text("methods: [a, b, c]\n")  # the matrix grows
+    assert dvc_stages(tmp_path) == {**expected, "train@c": (["score_c.json"], set())}
+    (tmp_path / "dvc.yaml").write_text(GRAPH_YAML.replace("deps: [score_a.json]", "deps: [score_c.json]"))
+    assert dvc_stages(tmp_path)["plot"] == ([], {"train@c"})
+    cache.write_text("{not json")
+    assert dvc_stages(tmp_path)["plot"] == ([], {"train@c"})
+    cache.unlink()
+    (tmp_path / "dvc.yaml").write_text("vars:\n  - params.yaml\n" + GRAPH_YAML)
+    assert dvc_stages(tmp_path)["train@c"] == (["score_c.json"], set())
+    assert not cache.exists()
