@@ -182,11 +182,26 @@ stages:
 """
 
 
+FOREACH_YAML = """
+stages:
+  train:
+    foreach: [a, b]
+    do:
+      vars:
+        - params.yaml
+      cmd: python train.py ${item}
+      outs:
+        - score_${item}.json:
+            cache: false
+"""
+
+
 def test_the_stage_graph_is_kept_under_the_bytes_of_dvc_yaml_and_params(tmp_path, monkeypatch):
     """dvc_stages answers from .orchestry/dvc_stages.json while dvc.yaml and params.yaml are unchanged (the file is
     what it returns: edited by hand, the edit comes back) and asks DVC again when either changes, when the file is
-    unreadable, and never keeps one when dvc.yaml names vars (files the key does not cover)."""
-    from orchestry.tracking.runs import dvc_stages
+    unreadable or asked from another directory, and never keeps one when dvc.yaml names vars (files the key does
+    not cover)."""
+    from orchestry.tracking.runs import _read_dvc_stages, dvc_stages
 
     subprocess.run(["dvc", "init", "-q", "--no-scm"], cwd=tmp_path, check=True, env=clean_env())
     monkeypatch.chdir(tmp_path)  # as in a stage: DVC names stages relative to the working directory
@@ -200,6 +215,12 @@ def test_the_stage_graph_is_kept_under_the_bytes_of_dvc_yaml_and_params(tmp_path
     }
     assert dvc_stages(tmp_path) == expected
     assert cache.is_file()
+    (tmp_path / "sub").mkdir()
+    # asked from elsewhere: DVC's names then carry the path, and so does the key
+    monkeypatch.chdir(tmp_path / "sub")
+    assert dvc_stages(tmp_path) == _read_dvc_stages(tmp_path) != expected
+    monkeypatch.chdir(tmp_path)
+    assert dvc_stages(tmp_path) == expected
     saved = cache.read_text()
     cache.write_text(saved.replace('"score_b.json"', '"edited.json"'))
     assert dvc_stages(tmp_path)["train@b"] == (["edited.json"], set())  # read from the file
@@ -212,4 +233,10 @@ def test_the_stage_graph_is_kept_under_the_bytes_of_dvc_yaml_and_params(tmp_path
     cache.unlink()
     (tmp_path / "dvc.yaml").write_text("vars:\n  - params.yaml\n" + GRAPH_YAML)
     assert dvc_stages(tmp_path)["train@c"] == (["score_c.json"], set())
+    assert not cache.exists()
+    (tmp_path / "dvc.yaml").write_text(FOREACH_YAML)  # vars inside a foreach's do
+    assert dvc_stages(tmp_path) == {
+        "train@a": (["score_a.json"], set()),
+        "train@b": (["score_b.json"], set()),
+    }
     assert not cache.exists()

@@ -319,21 +319,26 @@ STAGE_GRAPH_FORMAT = 1
 
 
 def _stage_graph_key(root: Path) -> str | None:
-    """The key of ``<root>/dvc.yaml``'s stage graph: SHA-256 of the cache format, DVC's version and the bytes of
-    ``dvc.yaml`` and ``params.yaml`` (the only file DVC interpolates ``${...}`` and matrices from when ``dvc.yaml``
-    names no ``vars``). ``None`` (do not cache) when ``dvc.yaml`` names ``vars`` (other files may feed it) or is
-    not a mapping."""
+    """The key of ``<root>/dvc.yaml``'s stage graph: SHA-256 of the cache format, DVC's version, ``root`` relative
+    to the working directory and the bytes of ``dvc.yaml`` and ``params.yaml`` (the only file DVC interpolates
+    ``${...}`` and matrices from when ``dvc.yaml`` names no ``vars``). ``None`` (do not cache) when ``dvc.yaml``
+    names ``vars`` anywhere (other files may feed it) or is not a mapping."""
     import yaml
     from dvc import __version__ as dvc_version
 
+    def names_vars(node: Any) -> bool:  # top level, a stage, a foreach's ``do``: anywhere
+        if isinstance(node, dict):
+            return "vars" in node or any(names_vars(v) for v in node.values())
+        return isinstance(node, list) and any(names_vars(v) for v in node)
+
     text = (root / "dvc.yaml").read_bytes()
     doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    if not isinstance(doc, dict) or "vars" in doc:
-        return None
-    if any(isinstance(s, dict) and "vars" in s for s in (doc.get("stages") or {}).values()):
+    if not isinstance(doc, dict) or names_vars(doc):
         return None
     params = root / "params.yaml"
-    h = hashlib.sha256(f"{STAGE_GRAPH_FORMAT}\0{dvc_version}\0".encode())
+    # DVC names stages relative to the working directory (``addressing``): the key holds where it is asked from
+    where = os.path.relpath(root)
+    h = hashlib.sha256(f"{STAGE_GRAPH_FORMAT}\0{dvc_version}\0{where}\0".encode())
     for part in (text, params.read_bytes() if params.is_file() else b"<none>"):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
