@@ -173,9 +173,8 @@ def main() -> None:
         if api.exists():
             report["api_grpo"] = json.loads(api.read_text())
         report["machine"] = machine_info()
-        report["base_machine"] = recorded[
-            "machine"
-        ]  # evaluate_base's: where the base pair's samples were made
+        # evaluate_base's: where the base pair's samples were made
+        report["base_machine"] = recorded["machine"]
         write_json("reports/metrics.json", report)
         mlflow.log_artifact("reports/metrics.json")
         # in key order, not sorted: DVC shows a metrics file's keys in file order

@@ -10,6 +10,8 @@ each level, cooperation rate, tokens). ``orchestry evaluate`` runs it on any Hum
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,11 +34,13 @@ def _selected(pairs: Sequence[str], model) -> list[tuple[str, bool]]:
         ValueError: a name is not a pair's, or a pair with adapters is asked of a model without peft adapters
             (its samples would be the base model's under the trained pair's name).
     """
+    from orchestry.llm.local import has_adapters
+
     unknown = sorted(set(pairs) - set(PAIR_NAMES))
     if unknown:
         raise ValueError(f"unknown pair(s) {unknown}: the pairs are {list(PAIR_NAMES)}")
     chosen = [(name, adapters) for name, adapters in PAIRS if name in pairs]
-    if any(adapters for _, adapters in chosen) and not hasattr(model, "peft_config"):
+    if any(adapters for _, adapters in chosen) and not has_adapters(model):
         raise ValueError("the trained pair needs a peft model with the agents' adapters; this model has none")
     return chosen
 
@@ -102,6 +106,7 @@ def evaluate_agents(
     """
     from orchestry.analysis.metrics import summarize
     from orchestry.evaluation.baselines import run_method
+    from orchestry.llm.local import has_adapters
 
     ks = sorted({1, num_samples})
     for name, use_adapters in _selected(pairs, model):
@@ -113,7 +118,7 @@ def evaluate_agents(
                 recs, problems, model, tokenizer, sandbox, sampling, seed, batch_size, turns, True
             )
         else:
-            with model.disable_adapter() if hasattr(model, "peft_config") else contextlib.nullcontext():
+            with model.disable_adapter() if has_adapters(model) else contextlib.nullcontext():
                 recs = run_method("concat", problems, model, tokenizer, sandbox, sampling, num_samples, seed,
                                   batch_size, progress=progress)  # fmt: skip
                 recs = later_turns(recs, problems, model, tokenizer, sandbox, sampling, seed, batch_size, turns,
@@ -219,12 +224,13 @@ def evaluate_workflow(
         ValueError: ``pairs`` names a pair not in :data:`PAIRS`.
     """
     from orchestry.analysis.metrics import summarize
+    from orchestry.llm.local import has_adapters
     from orchestry.training.common import BASE, WORKFLOW_AGENTS
     from orchestry.training.workflows import workflow_rollout
 
     agents = WORKFLOW_AGENTS["writer_tester_fixer"]
     ks = sorted({1, num_samples})
-    bare = BASE if hasattr(model, "peft_config") else None  # peft's per-row name of the bare model
+    bare = BASE if has_adapters(model) else None  # peft's per-row name of the bare model
     for name, use_adapters in _selected(pairs, model):
         adapters = agents if use_adapters else (bare,) * len(agents)
         t0 = time.time()
@@ -265,9 +271,6 @@ def score_pairs(problems: Sequence[Problem], model, tokenizer, sandbox, params,
 def problems_fingerprint(problems: Sequence[Problem]) -> str:
     """16 hex digits of SHA-256 over ``problems``' records in order (prompt, tests, everything ``to_dict`` holds):
     what ``evaluate`` compares to tell that ``evaluate_base``'s samples are of the same problems."""
-    import hashlib
-    import json
-
     h = hashlib.sha256()
     for p in problems:
         h.update(json.dumps(p.to_dict(), sort_keys=True).encode() + b"\n")

@@ -175,6 +175,12 @@ def attach_adapters(
     return peft_model
 
 
+def has_adapters(model) -> bool:
+    """Whether ``model`` is a peft model (it holds LoRA adapters, e.g. the agents' of ``train_magrpo``), not a bare
+    transformers model."""
+    return hasattr(model, "peft_config")
+
+
 def adapter_parameters(peft_model, agent: str) -> list[torch.nn.Parameter]:
     """The trainable LoRA parameters of one agent's adapter."""
     return [p for n, p in peft_model.named_parameters() if "lora_" in n and f".{agent}." in n]
@@ -759,7 +765,7 @@ def _decoder_bare(model, stacked, adapter_names: Sequence[str] | None) -> bool |
     from orchestry.llm.decoding import LlamaDecoder
 
     bare = False
-    if stacked is None and hasattr(model, "peft_config"):
+    if stacked is None and has_adapters(model):
         if adapter_names is not None:
             bare = not set(adapter_names) & set(model.peft_config)
         else:
@@ -777,7 +783,7 @@ def _stacked_lora(model, adapter_names: Sequence[str] | None):
     adapters, or LoRA layers it does not cover (then peft's mixed batch runs)."""
     from orchestry.llm.decoding import StackedLoRA
 
-    if adapter_names is None or not hasattr(model, "peft_config"):
+    if adapter_names is None or not has_adapters(model):
         return None
     names = sorted(set(adapter_names) & set(model.peft_config))
     if not names:

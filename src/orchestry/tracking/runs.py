@@ -368,7 +368,8 @@ def dvc_stages(root: str | Path = ".") -> dict[str, tuple[list[str], set[str]]]:
 
     Every stage run asks this when it ends (:func:`link_cached_stages`) and DVC's index takes ~1.3 s to build, so
     the answer is kept in ``<root>/.orchestry/dvc_stages.json`` under :func:`_stage_graph_key` (the bytes of
-    ``dvc.yaml`` and ``params.yaml`` and DVC's version) and read from there while the key holds; an unreadable or
+    ``dvc.yaml`` and ``params.yaml``, DVC's version and where it is asked from) and read from there while the key
+    holds; an unreadable or
     stale file is recomputed and replaced (written whole to a temporary file, then renamed: parallel stages never
     read half of one)."""
     root = Path(root).resolve()
