@@ -3,7 +3,7 @@
 
 Commands: ``score`` (level reward of completions in a file), ``evaluate`` (base vs trained agents on any
 HumanEval-format file, the ``evaluate`` stage's metrics), ``compare`` (pipeline executions and their key metrics
-from MLflow), ``show-best`` (best and worst transcripts), ``ui`` (the MLflow UI on the project's store),
+from MLflow), ``times`` (seconds per stage of the newest executions, from MLflow), ``show-best`` (best and worst transcripts), ``ui`` (the MLflow UI on the project's store),
 ``smoke`` (the whole pipeline with micro params in a temporary copy), ``report`` (``reports/index.html``),
 ``seeds`` (DVC experiments aggregated over seeds), ``paired`` (two methods' evaluation samples, paired by
 problem, with bootstrap intervals), ``calibrate`` (the base model's pass rates on generated problems per
@@ -29,7 +29,7 @@ import typer
 from orchestry.cli.common import _STATE, _OneLineErrors
 from orchestry.cli.evaluate import calibrate, evaluate
 from orchestry.cli.pipeline import report, smoke
-from orchestry.cli.results import compare, paired, seeds, show_best
+from orchestry.cli.results import compare, paired, seeds, show_best, times
 from orchestry.cli.review import override, review
 from orchestry.cli.score import score
 from orchestry.cli.tune import tune
@@ -55,7 +55,7 @@ def _root(
     _STATE["debug"] = debug
 
 
-for _command in (score, seeds, evaluate, calibrate, compare, paired):
+for _command in (score, seeds, evaluate, calibrate, compare, times, paired):
     app.command()(_command)
 app.command("show-best")(show_best)
 for _command in (ui, smoke, report, tune, override, review):

@@ -1,5 +1,5 @@
 """Commands that read results: ``seeds`` (DVC experiments aggregated over seeds), ``compare`` (pipeline
-executions from MLflow), ``paired`` (two methods' samples paired by problem), ``show-best`` (transcripts)."""
+executions from MLflow), ``times`` (seconds per stage of the newest executions, from MLflow), ``paired`` (two methods' samples paired by problem), ``show-best`` (transcripts)."""
 
 from __future__ import annotations
 
@@ -156,6 +156,88 @@ def compare(
     if not console.is_terminal:  # piped: wide enough for every column instead of rich's 80
         console = Console(width=200)
     console.print(t)
+
+
+def times(
+    last: Annotated[int, typer.Option(min=1, help="The newest N pipeline executions, one column each.")] = 3,
+    markdown: Annotated[
+        bool, typer.Option(help="Print a GitHub Markdown table (for a README) instead of the terminal table.")
+    ] = False,
+    experiment: Annotated[str, typer.Option(help="MLflow experiment.")] = "orchestry",
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow store (default: sqlite:///<repo root>/mlflow.db).")
+    ] = None,
+    csv: Annotated[
+        Path | None, typer.Option(help="Also write one row per execution and stage as CSV.")
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Seconds of each pipeline stage in the newest executions (MLflow's cost/wall_seconds), with the CPU."""
+    from orchestry.evaluation.scoring import FileOptionError
+    from orchestry.reporting.compare import CompareError, load_runs, stage_times
+    from orchestry.tracking.runs import tracking_uri as default_uri
+
+    with _errors(debug, (CompareError, ""), (FileOptionError, "")):
+        _out_file(csv, "--csv")
+        table = stage_times(load_runs(experiment, tracking_uri or default_uri()), last)
+        if csv is not None:
+            csv.parent.mkdir(parents=True, exist_ok=True)
+            table.to_csv(csv, index=False)
+    if table.empty:
+        _fail(f"no stage runs in MLflow experiment {experiment!r} (run the pipeline: dvc repro)", 1, debug)
+    header, rows = _times_grid(table)
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{experiment}: seconds per stage, newest execution first")
+    for i, h in enumerate(header):
+        t.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        t.add_row(*r)
+    console = Console()
+    if not console.is_terminal:  # piped: wide enough for every column instead of rich's 80
+        console = Console(width=200)
+    console.print(t)
+
+
+def _times_grid(table) -> tuple[list[str], list[list[str]]]:
+    """:func:`orchestry.reporting.compare.stage_times`' rows as a grid: a row per stage (then the stages' sum,
+    the execution's wall time, the time outside the stages and the CPU), a column per execution."""
+    execs = list(dict.fromkeys(zip(table["started"], table["execution"], strict=True)))
+    stages = list(dict.fromkeys(table["stage"]))
+    header = ["stage"]
+    cells: dict[tuple, str] = {}
+    footer: list[list[str]] = [["stages' own seconds (sum)"], ["wall: first stage start to last stage end"],
+                               ["outside the stages (DVC, process start-up)"], ["CPU"]]  # fmt: skip
+    for started, name in execs:
+        rows = table[(table["started"] == started) & (table["execution"] == name)]
+        rev = str(rows["git_revision"].iloc[0])[:8]
+        when = started.strftime("%m-%d %H:%M") if hasattr(started, "strftime") else str(started)
+        header.append(" ".join(x for x in (name, rev, when) if x))
+        for _, r in rows.iterrows():
+            if r["cached"]:
+                text = "cached"
+            elif math.isnan(r["seconds"]):
+                text = "-"
+            else:
+                text = f"{r['seconds']:.0f}"
+                if not math.isnan(r["warm_start_seconds"]):
+                    text += f" (warm start {r['warm_start_seconds']:.0f})"
+            cells[(started, name, r["stage"])] = text
+        total = rows["seconds"].sum()  # NaN (cached, not logged) counts 0
+        wall = rows["wall_seconds"].iloc[0]
+        footer[0].append(f"{total:.0f}")
+        footer[1].append("running" if math.isnan(wall) else f"{wall:.0f}")
+        footer[2].append("-" if math.isnan(wall) else f"{wall - total:.0f}")
+        footer[3].append(str(rows["cpu"].iloc[-1]) or "-")
+    grid = [[s] + [cells.get((st, n, s), "") for st, n in execs] for s in stages]
+    return header, grid + footer
 
 
 def paired(

@@ -123,6 +123,23 @@ def upgrade_legacy_metrics(runs: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _grouped(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` under the current metric names, oldest first, with column ``_group``: the key of the pipeline
+    execution each run belongs to (its parent run's id, the parent's own id, or ``<dvc_experiment>@<git_revision>``
+    for flat stage runs; module docstring)."""
+    df = upgrade_legacy_metrics(runs).copy()
+    for c in _TAGS:
+        if c not in df:
+            df[c] = None
+    df = df.sort_values("start_time", kind="stable")
+    parents = set(df[PARENT].dropna())
+    flat_key = df["tags.dvc_experiment"].fillna("workspace") + "@" + df["tags.git_revision"].fillna("unknown")
+    df["_group"] = df[PARENT].where(
+        df[PARENT].notna(), df["run_id"].where(df["run_id"].isin(parents), flat_key)
+    )
+    return df
+
+
 def executions(
     runs: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS, strict: bool = False
 ) -> pd.DataFrame:
@@ -151,16 +168,7 @@ def executions(
     ]
     if runs.empty:
         return pd.DataFrame(columns=cols)
-    df = upgrade_legacy_metrics(runs).copy()
-    for c in _TAGS:
-        if c not in df:
-            df[c] = None
-    df = df.sort_values("start_time", kind="stable")
-    parents = set(df[PARENT].dropna())
-    flat_key = df["tags.dvc_experiment"].fillna("workspace") + "@" + df["tags.git_revision"].fillna("unknown")
-    df["_group"] = df[PARENT].where(
-        df[PARENT].notna(), df["run_id"].where(df["run_id"].isin(parents), flat_key)
-    )
+    df = _grouped(runs)
     if strict:
         for spec in metrics:
             stage, name = _split(spec)
@@ -216,6 +224,106 @@ def executions(
         out.append(row)
     table = pd.DataFrame(out, columns=cols)
     return table.sort_values("started", ascending=False, kind="stable").reset_index(drop=True)
+
+
+# -- seconds per stage ----------------------------------------------------------------------------------------------
+
+#: Columns of :func:`stage_times`' table, one row per stage of an execution.
+STAGE_TIME_COLUMNS = (
+    "execution",
+    "git_revision",
+    "started",
+    "wall_seconds",
+    "cpu",
+    "stage",
+    "seconds",
+    "cached",
+    "warm_start_seconds",
+)
+
+
+def _machine(run: pd.Series) -> str:
+    """``"<cpu> (<flags>, <n> threads)"`` from a stage run's ``machine.*`` tags (``""`` when it has none)."""
+    cpu = run.get("tags.machine.cpu")
+    if not isinstance(cpu, str):
+        return ""
+    flags, threads = run.get("tags.machine.cpu_flags"), run.get("tags.machine.threads")
+    extra = [f for f in (flags if isinstance(flags, str) else "",) if f]
+    if isinstance(threads, str) and threads:
+        extra.append(f"{threads} threads")
+    return f"{cpu} ({', '.join(extra)})" if extra else cpu
+
+
+def stage_times(runs: pd.DataFrame, last: int = 3) -> pd.DataFrame:
+    """Seconds of each stage in the newest ``last`` pipeline executions (module docstring), from MLflow.
+
+    One row per (execution, stage), executions newest first, stages in the order the newest execution ran them
+    (others after, in their first run's order). ``seconds`` is the stage run's ``cost/wall_seconds`` (its process
+    from start to end, model loading included); a stage the execution took from DVC's cache has no run there:
+    ``cached`` True and ``seconds`` NaN. A stage run twice in one execution (flat runs of one git revision)
+    counts its newest run. ``wall_seconds`` is the execution's span, from its first stage run's start to its last
+    one's end (NaN while one runs), so ``wall_seconds`` minus the sum of ``seconds`` is what DVC and the stage
+    processes spent outside the stages' own timing. ``cpu`` names the machine of the execution's newest stage run
+    (tags ``machine.*``: model, flags, threads); ``warm_start_seconds``: the MAGRPO stage's supervised warm start
+    (``train/summary/warm_start_seconds``), NaN for other stages.
+
+    Returns:
+        a DataFrame with :data:`STAGE_TIME_COLUMNS`; empty when no run is tagged with a stage.
+
+    Raises:
+        ValueError: ``last`` < 1.
+    """
+    if last < 1:
+        raise ValueError(f"last must be at least 1, got {last}")
+    if runs.empty or "tags.stage" not in runs or runs["tags.stage"].isna().all():
+        return pd.DataFrame(columns=STAGE_TIME_COLUMNS)
+    df = _grouped(runs)
+    by_id = df.set_index("run_id", drop=False)
+    staged = df[df["tags.stage"].notna()]
+    order = staged.groupby("_group", sort=False)["start_time"].min().sort_values(ascending=False)
+    link_cols = [c for c in df if c.startswith(f"tags.{CACHED_RUN_PREFIX}")]
+    warm = "metrics.train/summary/warm_start_seconds"
+    rows: list[dict] = []
+    stage_order: list[str] = []
+    for key in order.index[:last]:
+        g = staged[staged["_group"] == key].drop_duplicates("tags.stage", keep="last")
+        head = df[df["run_id"] == key]  # the parent run, when there is one
+        info = head.iloc[0] if len(head) else g.iloc[-1]
+        ended = g["end_time"] if "end_time" in g else pd.Series(float("nan"), index=g.index)
+        running = bool(ended.isna().any() or (g["status"] == "RUNNING").any())
+        experiment = info["tags.dvc_experiment"]
+        common = {
+            "execution": experiment if isinstance(experiment, str) and experiment else "workspace",
+            "git_revision": g["tags.git_revision"].dropna().iloc[-1] if g["tags.git_revision"].notna().any() else "",
+            "started": g["start_time"].min(),
+            "wall_seconds": float("nan") if running else (ended.max() - g["start_time"].min()).total_seconds(),
+            "cpu": _machine(g.iloc[-1]),
+        }  # fmt: skip
+        ran = [
+            {**common, "stage": run["tags.stage"], "seconds": float(run.get("metrics.cost/wall_seconds", float("nan"))),
+             "cached": False, "warm_start_seconds": float(run[warm]) if warm in run else float("nan"),
+             "_at": run["start_time"]}
+            for _, run in g.iterrows()
+        ]  # fmt: skip
+        # stages taken from DVC's cache: the runs the parent run links (tags cached_run.<stage>), by their start
+        linked = [info[c] for c in link_cols if len(head) and isinstance(info[c], str) and info[c] in by_id.index]
+        names = set(g["tags.stage"])
+        cached = [
+            {**common, "stage": by_id.at[r, "tags.stage"], "seconds": float("nan"), "cached": True,
+             "warm_start_seconds": float("nan"), "_at": by_id.at[r, "start_time"]}
+            for r in linked
+            if isinstance(by_id.at[r, "tags.stage"], str) and by_id.at[r, "tags.stage"] not in names
+        ]  # fmt: skip
+        mine = sorted(ran + cached, key=lambda r: r["_at"])
+        stage_order += [r["stage"] for r in mine if r["stage"] not in stage_order]
+        rows += mine
+    table = pd.DataFrame(rows, columns=[*STAGE_TIME_COLUMNS, "_at"]).drop(columns="_at")
+    rank = {s: i for i, s in enumerate(stage_order)}
+    execs = {k: i for i, k in enumerate(dict.fromkeys(zip(table["started"], table["execution"], strict=True)))}
+    table["_exec"] = [execs[k] for k in zip(table["started"], table["execution"], strict=True)]
+    table["_stage"] = table["stage"].map(rank)
+    table = table.sort_values(["_exec", "_stage"], kind="stable").drop(columns=["_exec", "_stage"])
+    return table.reset_index(drop=True)
 
 
 # -- paired comparison of two methods' evaluation samples ---------------------------------------------------------
