@@ -253,6 +253,102 @@ def test_compare_command_table_csv_and_errors(store, tmp_path):
     assert not missing.exists() and not missing.parent.exists()  # never created
 
 
+# ---------------------------------------------------------------- times
+
+
+@pytest.fixture
+def timed_store(tmp_path, monkeypatch):
+    """Two pipeline executions logged by ``orchestry.tracking.runs.stage_run`` (real sqlite MLflow): a workspace
+    run of prepare, train_magrpo (with a warm start) and evaluate (twice), then experiment ``exp-t`` that ran evaluate
+    only and links the other two stages to the workspace's runs (the ``cached_run.<stage>`` tags that
+    ``link_cached_stages`` writes when DVC restores them from its cache)."""
+    from orchestry.tracking.runs import cached_run_tag, log_metrics, stage_run
+
+    monkeypatch.chdir(tmp_path)
+    for var in ("DVC_ROOT", "DVC_EXP_NAME"):
+        monkeypatch.delenv(var, raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    made = {}
+    for name, m, pause in (("prepare", {}, 0.05), ("train_magrpo", {"train/summary/warm_start_seconds": 0.02}, 0.3),
+                           ("evaluate", {"test/magrpo/reward": 1.0}, 0.1),
+                           ("evaluate", {"test/magrpo/reward": 1.0}, 0.25)):  # run again: the newer counts  # fmt: skip
+        with stage_run(name, {"x": 1}, "orchestry", uri=uri) as run:
+            log_metrics(m)
+            time.sleep(pause)
+            made[name] = run.info.run_id
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-t")
+    with stage_run("evaluate", {"x": 1}, "orchestry", uri=uri) as run:
+        time.sleep(0.05)
+        new_eval = run.info.run_id
+    monkeypatch.delenv("DVC_EXP_NAME")
+    client = mlflow.MlflowClient(uri)
+    parent = client.get_run(new_eval).data.tags["mlflow.parentRunId"]
+    for stage in ("prepare", "train_magrpo"):
+        client.set_tag(parent, cached_run_tag(stage), made[stage])
+    mlflow.set_tracking_uri(None)
+    seconds = {k: client.get_run(r).data.metrics["cost/wall_seconds"] for k, r in made.items()}
+    seconds["exp-t evaluate"] = client.get_run(new_eval).data.metrics["cost/wall_seconds"]
+    return uri, seconds
+
+
+def test_times_reads_each_stage_s_seconds_cached_stages_and_the_cpu(timed_store):
+    from orchestry.numerics import machine_info
+    from orchestry.reporting.compare import stage_times
+
+    uri, seconds = timed_store
+    table = stage_times(load_runs("orchestry", uri), last=5)
+    assert list(table["execution"]) == ["exp-t"] * 3 + ["workspace"] * 3  # newest first
+    assert list(table["stage"]) == ["prepare", "train_magrpo", "evaluate"] * 2  # in the order they ran
+    ws = table[table["execution"] == "workspace"].set_index("stage")
+    exp = table[table["execution"] == "exp-t"].set_index("stage")
+    for stage in ("prepare", "train_magrpo", "evaluate"):
+        assert ws.loc[stage, "seconds"] == pytest.approx(seconds[stage]) and not ws.loc[stage, "cached"]
+    assert ws.loc["train_magrpo", "seconds"] >= 0.3 and ws.loc["train_magrpo", "warm_start_seconds"] == 0.02
+    assert bool(exp.loc["prepare", "cached"]) and bool(exp.loc["train_magrpo", "cached"])
+    assert exp.loc["prepare", "seconds"] != exp.loc["prepare", "seconds"]  # NaN: no run of its own here
+    assert exp.loc["evaluate", "seconds"] == pytest.approx(seconds["exp-t evaluate"])
+    wall = ws["wall_seconds"].iloc[0]
+    assert ws.loc["evaluate", "seconds"] >= 0.25  # the newer of its two runs
+    assert ws["seconds"].sum() + 0.1 <= wall < ws["seconds"].sum() + 5  # the span holds all four stage runs
+    cpu = str(machine_info()["cpu"])
+    assert ws["cpu"].iloc[0].startswith(cpu) and f"{machine_info()['threads']} threads" in ws["cpu"].iloc[0]
+    only = stage_times(load_runs("orchestry", uri), last=1)
+    assert set(only["execution"]) == {"exp-t"}
+    with pytest.raises(ValueError, match="at least 1"):
+        stage_times(load_runs("orchestry", uri), last=0)
+
+
+def test_times_command_terminal_markdown_csv_and_errors(timed_store, tmp_path):
+    uri, seconds = timed_store
+    csv = tmp_path / "out" / "times.csv"
+    result = runner.invoke(app, ["times", "--tracking-uri", uri, "--markdown", "--csv", str(csv)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    lines = result.stdout.strip().splitlines()
+    assert (
+        lines[0].startswith("| stage | exp-t ") and " workspace " in lines[0] and lines[1] == "|---|---|---|"
+    )
+    rows = {ln.split(" | ")[0].removeprefix("| "): ln.strip("| ").split(" | ")[1:] for ln in lines[2:]}
+    assert rows["prepare"][0] == "cached" and rows["train_magrpo"][0] == "cached"
+    assert rows["train_magrpo"][1].endswith("(warm start 0.0)")  # its warm start, under one second
+    assert rows["evaluate"][1] == f"{seconds['evaluate']:.1f}"  # under 10 s: one decimal
+    total = seconds["prepare"] + seconds["train_magrpo"] + seconds["evaluate"]
+    assert rows["stages' own seconds (sum)"][1] == f"{total:.1f}"
+    assert "threads" in rows["CPU"][0]
+    import pandas as pd
+
+    df = pd.read_csv(csv)
+    assert len(df) == 6 and df["cached"].sum() == 2
+    terminal = runner.invoke(app, ["times", "--tracking-uri", uri, "--last", "1"])
+    assert terminal.exit_code == 0 and "exp-t" in terminal.stdout and "workspace" not in terminal.stdout
+    one_line_error(runner.invoke(app, ["times", "--tracking-uri", uri, "--last", "0"]), "--last")
+    one_line_error(runner.invoke(app, ["times", "--tracking-uri", uri, "--experiment", "other"]), "'other'")
+    empty = tmp_path / "empty.db"
+    mlflow.MlflowClient(f"sqlite:///{empty}").create_experiment("orchestry")
+    one_line_error(
+        runner.invoke(app, ["times", "--tracking-uri", f"sqlite:///{empty}"]), "no stage runs", code=1
+    )
+
+
 # ---------------------------------------------------------------- show-best
 
 

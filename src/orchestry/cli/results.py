@@ -206,6 +206,11 @@ def times(
     console.print(t)
 
 
+def _seconds(s: float) -> str:
+    """Seconds as a table shows them: whole seconds from 10 s up, one decimal below."""
+    return f"{s:.0f}" if abs(s) >= 10 else f"{s:.1f}"
+
+
 def _times_grid(table) -> tuple[list[str], list[list[str]]]:
     """:func:`orchestry.reporting.compare.stage_times`' rows as a grid: a row per stage (then the stages' sum,
     the execution's wall time, the time outside the stages and the CPU), a column per execution."""
@@ -226,15 +231,15 @@ def _times_grid(table) -> tuple[list[str], list[list[str]]]:
             elif math.isnan(r["seconds"]):
                 text = "-"
             else:
-                text = f"{r['seconds']:.0f}"
+                text = _seconds(r["seconds"])
                 if not math.isnan(r["warm_start_seconds"]):
-                    text += f" (warm start {r['warm_start_seconds']:.0f})"
+                    text += f" (warm start {_seconds(r['warm_start_seconds'])})"
             cells[(started, name, r["stage"])] = text
         total = rows["seconds"].sum()  # NaN (cached, not logged) counts 0
         wall = rows["wall_seconds"].iloc[0]
-        footer[0].append(f"{total:.0f}")
-        footer[1].append("running" if math.isnan(wall) else f"{wall:.0f}")
-        footer[2].append("-" if math.isnan(wall) else f"{wall - total:.0f}")
+        footer[0].append(_seconds(total))
+        footer[1].append("running" if math.isnan(wall) else _seconds(wall))
+        footer[2].append("-" if math.isnan(wall) else _seconds(wall - total))
         footer[3].append(str(rows["cpu"].iloc[-1]) or "-")
     grid = [[s] + [cells.get((st, n, s), "") for st, n in execs] for s in stages]
     return header, grid + footer

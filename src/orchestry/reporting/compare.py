@@ -306,7 +306,9 @@ def stage_times(runs: pd.DataFrame, last: int = 3) -> pd.DataFrame:
             for _, run in g.iterrows()
         ]  # fmt: skip
         # stages taken from DVC's cache: the runs the parent run links (tags cached_run.<stage>), by their start
-        linked = [info[c] for c in link_cols if len(head) and isinstance(info[c], str) and info[c] in by_id.index]
+        linked = [
+            info[c] for c in link_cols if len(head) and isinstance(info[c], str) and info[c] in by_id.index
+        ]
         names = set(g["tags.stage"])
         cached = [
             {**common, "stage": by_id.at[r, "tags.stage"], "seconds": float("nan"), "cached": True,
@@ -319,7 +321,9 @@ def stage_times(runs: pd.DataFrame, last: int = 3) -> pd.DataFrame:
         rows += mine
     table = pd.DataFrame(rows, columns=[*STAGE_TIME_COLUMNS, "_at"]).drop(columns="_at")
     rank = {s: i for i, s in enumerate(stage_order)}
-    execs = {k: i for i, k in enumerate(dict.fromkeys(zip(table["started"], table["execution"], strict=True)))}
+    execs = {
+        k: i for i, k in enumerate(dict.fromkeys(zip(table["started"], table["execution"], strict=True)))
+    }
     table["_exec"] = [execs[k] for k in zip(table["started"], table["execution"], strict=True)]
     table["_stage"] = table["stage"].map(rank)
     table = table.sort_values(["_exec", "_stage"], kind="stable").drop(columns=["_exec", "_stage"])
