@@ -248,7 +248,7 @@ def _machine(run: pd.Series) -> str:
     if not isinstance(cpu, str):
         return ""
     flags, threads = run.get("tags.machine.cpu_flags"), run.get("tags.machine.threads")
-    extra = [f for f in (flags if isinstance(flags, str) else "",) if f]
+    extra = [flags] if isinstance(flags, str) and flags else []
     if isinstance(threads, str) and threads:
         extra.append(f"{threads} threads")
     return f"{cpu} ({', '.join(extra)})" if extra else cpu
