@@ -1,4 +1,5 @@
-"""``orchestry compare``: one row per pipeline execution from the MLflow store, with its key metrics.
+"""``orchestry compare``: one row per pipeline execution from the MLflow store, with its key metrics;
+``orchestry times``: the seconds of each stage in the newest executions (:func:`stage_times`).
 
 Runs are read with ``mlflow.search_runs`` (a pandas DataFrame: ``metrics.*``, ``params.*``, ``tags.*`` columns).
 A pipeline execution is
