@@ -141,6 +141,33 @@ def _grouped(runs: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _execution_head(
+    g: pd.DataFrame, key: str, by_id: pd.DataFrame, link_cols: Sequence[str]
+) -> tuple[str, str, dict[str, str]]:
+    """``(name, git_revision, linked)`` of one pipeline execution: its DVC experiment (``workspace`` for a plain
+    ``dvc repro``), its newest run's git revision (``""`` if none has one) and its cached-stage links
+    ``{cached_run.<stage>: run id}`` (the parent run's tags whose runs are still in the store; module docstring).
+
+    Args:
+        g: the execution's runs (its parent run included), oldest first; key: its ``_group`` (:func:`_grouped`).
+        by_id: every run, indexed by ``run_id``; link_cols: the ``tags.cached_run.*`` columns.
+    """
+    head = g[g["run_id"] == key]  # the parent run, when there is one
+    info = head.iloc[0] if len(head) else g.iloc[-1]
+    name = info["tags.dvc_experiment"]
+    revisions = g["tags.git_revision"].dropna()
+    linked = {
+        c.removeprefix("tags."): info[c]
+        for c in link_cols
+        if len(head) and isinstance(info[c], str) and info[c] in by_id.index
+    }
+    return (
+        (name if isinstance(name, str) and name else "workspace"),
+        (revisions.iloc[-1] if len(revisions) else ""),
+        linked,
+    )
+
+
 def executions(
     runs: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS, strict: bool = False
 ) -> pd.DataFrame:
@@ -184,20 +211,13 @@ def executions(
     link_cols = [c for c in df if c.startswith(f"tags.{CACHED_RUN_PREFIX}")]
     out = []
     for key, g in df.groupby("_group", sort=False):
-        head = g[g["run_id"] == key]  # the parent run, when there is one
-        info = head.iloc[0] if len(head) else g.iloc[-1]
         # cached stages: tag cached_run.<stage> -> the run that made the outputs (when it is still in the store)
-        linked = {
-            c.removeprefix("tags."): info[c] for c in link_cols if len(head) and isinstance(info[c], str)
-        }
-        linked = {t: r for t, r in linked.items() if r in by_id.index}
+        name, revision, linked = _execution_head(g, key, by_id, link_cols)
         stages = g["tags.stage"].dropna()
         statuses = set(g["status"])
         row = {
-            "execution": info["tags.dvc_experiment"] or "workspace",
-            "git_revision": g["tags.git_revision"].dropna().iloc[-1]
-            if g["tags.git_revision"].notna().any()
-            else "",
+            "execution": name,
+            "git_revision": revision,
             "params_hash": g["tags.params_hash"].dropna().iloc[-1]
             if g["tags.params_hash"].notna().any()
             else "",
@@ -209,8 +229,6 @@ def executions(
             .sum(),
             "cached": len(linked),
         }
-        if pd.isna(row["execution"]):
-            row["execution"] = "workspace"
         cached = by_id.loc[list(linked.values())].sort_values("start_time", kind="stable")
         for spec in metrics:
             stage, name = _split(spec)
@@ -286,49 +304,42 @@ def stage_times(runs: pd.DataFrame, last: int = 3) -> pd.DataFrame:
     warm = "metrics.train/summary/warm_start_seconds"
     rows: list[dict] = []
     stage_order: list[str] = []
-    for key in order.index[:last]:
+    for i, key in enumerate(order.index[:last]):
+        name, revision, linked = _execution_head(df[df["_group"] == key], key, by_id, link_cols)
         g = staged[staged["_group"] == key].drop_duplicates("tags.stage", keep="last")
-        head = df[df["run_id"] == key]  # the parent run, when there is one
-        info = head.iloc[0] if len(head) else g.iloc[-1]
         ended = g["end_time"] if "end_time" in g else pd.Series(float("nan"), index=g.index)
         running = bool(ended.isna().any() or (g["status"] == "RUNNING").any())
-        experiment = info["tags.dvc_experiment"]
         common = {
-            "execution": experiment if isinstance(experiment, str) and experiment else "workspace",
-            "git_revision": g["tags.git_revision"].dropna().iloc[-1] if g["tags.git_revision"].notna().any() else "",
+            "execution": name,
+            "git_revision": revision,
             "started": g["start_time"].min(),
-            "wall_seconds": float("nan") if running else (ended.max() - g["start_time"].min()).total_seconds(),
+            "wall_seconds": float("nan")
+            if running
+            else (ended.max() - g["start_time"].min()).total_seconds(),
             "cpu": _machine(g.iloc[-1]),
-        }  # fmt: skip
+            "_exec": i,
+        }
         ran = [
             {**common, "stage": run["tags.stage"], "seconds": float(run.get("metrics.cost/wall_seconds", float("nan"))),
              "cached": False, "warm_start_seconds": float(run[warm]) if warm in run else float("nan"),
              "_at": run["start_time"]}
             for _, run in g.iterrows()
         ]  # fmt: skip
-        # stages taken from DVC's cache: the runs the parent run links (tags cached_run.<stage>), by their start
-        linked = [
-            info[c] for c in link_cols if len(head) and isinstance(info[c], str) and info[c] in by_id.index
-        ]
+        # stages taken from DVC's cache (the runs the parent links), placed by their own start
         names = set(g["tags.stage"])
         cached = [
             {**common, "stage": by_id.at[r, "tags.stage"], "seconds": float("nan"), "cached": True,
              "warm_start_seconds": float("nan"), "_at": by_id.at[r, "start_time"]}
-            for r in linked
+            for r in linked.values()
             if isinstance(by_id.at[r, "tags.stage"], str) and by_id.at[r, "tags.stage"] not in names
         ]  # fmt: skip
         mine = sorted(ran + cached, key=lambda r: r["_at"])
         stage_order += [r["stage"] for r in mine if r["stage"] not in stage_order]
         rows += mine
-    table = pd.DataFrame(rows, columns=[*STAGE_TIME_COLUMNS, "_at"]).drop(columns="_at")
-    rank = {s: i for i, s in enumerate(stage_order)}
-    execs = {
-        k: i for i, k in enumerate(dict.fromkeys(zip(table["started"], table["execution"], strict=True)))
-    }
-    table["_exec"] = [execs[k] for k in zip(table["started"], table["execution"], strict=True)]
-    table["_stage"] = table["stage"].map(rank)
-    table = table.sort_values(["_exec", "_stage"], kind="stable").drop(columns=["_exec", "_stage"])
-    return table.reset_index(drop=True)
+    table = pd.DataFrame(rows, columns=[*STAGE_TIME_COLUMNS, "_exec", "_at"])
+    table["_stage"] = table["stage"].map({s: i for i, s in enumerate(stage_order)})
+    table = table.sort_values(["_exec", "_stage"], kind="stable")
+    return table.drop(columns=["_exec", "_at", "_stage"]).reset_index(drop=True)
 
 
 # -- paired comparison of two methods' evaluation samples ---------------------------------------------------------
