@@ -68,6 +68,13 @@ def _seconds(value: str | float) -> float:
 _STATE = {"debug": False}  # the global --debug of this invocation (set by the callback on every invocation)
 
 
+#: ``--experiment`` and ``--tracking-uri`` of the commands that read the project's MLflow store.
+Experiment = Annotated[str, typer.Option(help="MLflow experiment.")]
+TrackingUri = Annotated[
+    str | None, typer.Option(help="MLflow store (default: sqlite:///<repo root>/mlflow.db).")
+]
+
+
 Debug = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]
 
 
@@ -121,3 +128,20 @@ def _out_file(path: Path | None, option: str) -> None:
 
     if path is not None and (path.is_dir() or (path.exists() and not path.is_file())):
         raise FileOptionError(option.removeprefix("--"), f"{path} is not a regular file")
+
+
+def _write_csv(table: Any, path: Path | None) -> None:
+    """Write ``table`` (a pandas DataFrame) to ``path`` as CSV without its index, making the folder; nothing when
+    ``path`` is None (check it first with :func:`_out_file`)."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(path, index=False)
+
+
+def _console(piped_width: int) -> Any:
+    """A rich ``Console`` for a table on stdout; when stdout is not a terminal (piped, redirected), ``piped_width``
+    columns wide, so that every column is printed instead of rich's default 80."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=piped_width)

@@ -11,9 +11,13 @@ import typer
 
 from orchestry.cli.common import (
     Debug,
+    Experiment,
+    TrackingUri,
+    _console,
     _errors,
     _fail,
     _out_file,
+    _write_csv,
 )
 
 
@@ -99,7 +103,7 @@ def seeds(
 
 
 def compare(
-    experiment: Annotated[str, typer.Option(help="MLflow experiment.")] = "orchestry",
+    experiment: Experiment = "orchestry",
     metric: Annotated[
         list[str] | None,
         typer.Option(
@@ -107,9 +111,7 @@ def compare(
             "trained and base test reward, cooperation rate, pass@1, MAGRPO's training reward."
         ),  # fmt: skip
     ] = None,
-    tracking_uri: Annotated[
-        str | None, typer.Option(help="MLflow store (default: sqlite:///<repo root>/mlflow.db).")
-    ] = None,
+    tracking_uri: TrackingUri = None,
     csv: Annotated[Path | None, typer.Option(help="Also write the table as CSV.")] = None,
     limit: Annotated[
         int, typer.Option(min=1, help="Newest N executions in the table (the CSV has all).")
@@ -117,7 +119,6 @@ def compare(
     debug: Debug = False,
 ) -> None:
     """One row per pipeline execution (DVC experiment / parent run) from MLflow, with its key metrics."""
-    from rich.console import Console
     from rich.table import Table
 
     from orchestry.evaluation.scoring import FileOptionError
@@ -128,9 +129,7 @@ def compare(
         _out_file(csv, "--csv")
         runs = load_runs(experiment, tracking_uri or default_uri())
         table = executions(runs, metric or DEFAULT_METRICS, strict=bool(metric))
-        if csv is not None:
-            csv.parent.mkdir(parents=True, exist_ok=True)
-            table.to_csv(csv, index=False)
+        _write_csv(table, csv)
     shown = table.head(limit)
     if not shown.empty and (shown["params_hash"] == "").all():
         shown = shown.drop(columns="params_hash")
@@ -152,10 +151,7 @@ def compare(
             else:
                 cells.append(str(v))
         t.add_row(*cells)
-    console = Console()
-    if not console.is_terminal:  # piped: wide enough for every column instead of rich's 80
-        console = Console(width=200)
-    console.print(t)
+    _console(piped_width=200).print(t)
 
 
 def times(
@@ -163,10 +159,8 @@ def times(
     markdown: Annotated[
         bool, typer.Option(help="Print a GitHub Markdown table (for a README) instead of the terminal table.")
     ] = False,
-    experiment: Annotated[str, typer.Option(help="MLflow experiment.")] = "orchestry",
-    tracking_uri: Annotated[
-        str | None, typer.Option(help="MLflow store (default: sqlite:///<repo root>/mlflow.db).")
-    ] = None,
+    experiment: Experiment = "orchestry",
+    tracking_uri: TrackingUri = None,
     csv: Annotated[
         Path | None, typer.Option(help="Also write one row per execution and stage as CSV.")
     ] = None,
@@ -180,9 +174,7 @@ def times(
     with _errors(debug, (CompareError, ""), (FileOptionError, "")):
         _out_file(csv, "--csv")
         table = stage_times(load_runs(experiment, tracking_uri or default_uri()), last)
-        if csv is not None:
-            csv.parent.mkdir(parents=True, exist_ok=True)
-            table.to_csv(csv, index=False)
+        _write_csv(table, csv)
     if table.empty:
         _fail(f"no stage runs in MLflow experiment {experiment!r} (run the pipeline: dvc repro)", 1, debug)
     header, rows = _times_grid(table)
@@ -192,7 +184,6 @@ def times(
         for r in rows:
             print("| " + " | ".join(r) + " |")
         return
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"{experiment}: seconds per stage, newest execution first")
@@ -200,10 +191,7 @@ def times(
         t.add_column(h, justify="left" if i == 0 else "right")
     for r in rows:
         t.add_row(*r)
-    console = Console()
-    if not console.is_terminal:  # piped: wide enough for every column instead of rich's 80
-        console = Console(width=200)
-    console.print(t)
+    _console(piped_width=200).print(t)
 
 
 def _seconds(s: float) -> str:
@@ -274,7 +262,6 @@ def paired(
     another experiment's copy of them (``dvc exp apply NAME`` then copy, or ``git show`` of a committed copy).
     """
     import pandas as pd
-    from rich.console import Console
     from rich.table import Table
 
     from orchestry.evaluation.scoring import FileOptionError
@@ -295,15 +282,12 @@ def paired(
             t = paired_comparison(ref, read_samples(other), metric or SAMPLE_METRICS, confidence, resamples)
             tables.append(t.assign(file=str(other)))
         if csv is not None:
-            csv.parent.mkdir(parents=True, exist_ok=True)
-            pd.concat(tables).to_csv(csv, index=False)
+            _write_csv(pd.concat(tables), csv)
         if plot is not None:
             if label and len(label) != len(others):
                 raise CompareError(f"--label: {len(label)} labels for {len(others)} compared files")
             plot_paired(tables, label or [o.stem for o in others], plot)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    console = _console(piped_width=160)
     for other, t in zip(others, tables, strict=True):
         n = int(t["n_problems"].max()) if len(t) else 0
         tab = Table(title=f"{other} - {reference} ({n} problems, {confidence:.0%} bootstrap intervals)")

@@ -11,6 +11,7 @@ import typer
 
 from orchestry.cli.common import (
     Debug,
+    TrackingUri,
     _errors,
 )
 
@@ -56,9 +57,7 @@ def _open_when_ready(base: str, url: str, proc: Any, timeout_s: float, browser: 
 def ui(
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 5000,
     host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
-    tracking_uri: Annotated[
-        str | None, typer.Option(help="MLflow store (default: sqlite:///<repo root>/mlflow.db).")
-    ] = None,
+    tracking_uri: TrackingUri = None,
     experiment: Annotated[
         str, typer.Option(help="MLflow experiment whose runs table is opened.")
     ] = "orchestry",
