@@ -277,10 +277,13 @@ def run_comlrl(n_problems: int, per_update: int, threads: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------ our worker
-def run_ours(n_problems: int, per_update: int, threads: int) -> None:
+def run_ours(n_problems: int, per_update: int, threads: int, decode_dtype: str = "float32") -> None:
     t_start = time.perf_counter()
     _setup(threads)
     from orchestry.config import SamplingParams, TrainMagrpoParams
+    from orchestry.llm.decoding import use_products
+
+    decode_bf16 = use_products("onednn", decode_dtype)  # model.decode_dtype
     from orchestry.llm.local import attach_adapters, load_model
     from orchestry.numerics import cpu_bf16_supported
     from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
@@ -332,6 +335,7 @@ def run_ours(n_problems: int, per_update: int, threads: int) -> None:
             "embedding_params": model.get_output_embeddings().weight.numel(),
             "train_flops_per_position": 4,  # LoRA: forward 2N + activation gradients 2N (no base weight grads)
             "train_dtype": "bf16" if cfg.bf16_update and cpu_bf16_supported() else "fp32",
+            "decode_dtype": "bf16" if decode_bf16 else "fp32",
             "updates_per_agent": len(hist),
             "updates_taken_per_agent": sum(taken) / len(taken),
             "reward_per_update": [h["reward"] for h in hist],
@@ -384,7 +388,7 @@ def rollout_roofline(roof: dict, params: int, batch: float) -> float:
 def _run_worker(which: str, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", which]
     cmd += ["--problems", str(args.problems), "--problems-per-update", str(args.problems_per_update)]
-    cmd += ["--threads", str(args.threads)]
+    cmd += ["--threads", str(args.threads), "--decode-dtype", args.decode_dtype]
     print(f"running {which} (load average {os.getloadavg()[0]:.2f}) ...", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **ENV}, capture_output=True, text=True)
@@ -515,7 +519,8 @@ def report(c: dict, o: dict, roof: dict, args) -> float:
         f" Training roofline: 6 FLOPs per parameter per position for full fine-tuning ({c['train_dtype']},"
         f" CoMLRL), 4 for LoRA ({o['train_dtype']}, ours: no base-weight gradients), the LM head counted only"
         " where logits are computed. Rollout roofline: fp32 weights read once per decoding step, or fp32 matmul"
-        " FLOP/s, whichever binds."
+        f" FLOP/s, whichever binds. Our rollouts decode with {o.get('decode_dtype', 'fp32')} projection operands"
+        " (model.decode_dtype; the LM head in fp32), CoMLRL's in fp32."
     )
     return med(c) / med(o)
 
@@ -528,6 +533,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--worker", choices=["comlrl", "ours"], help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help="also write both results and the roofline to this file")
+    ap.add_argument(
+        "--decode-dtype",
+        choices=["float32", "bfloat16", "auto"],
+        default="float32",
+        help="our rollouts' projection operands (model.decode_dtype; default float32, the project's default)",
+    )
     args = ap.parse_args()
     if args.quick:
         args.problems, args.problems_per_update = 2, 2
@@ -537,7 +548,7 @@ def main() -> None:
     if args.worker == "comlrl":
         return run_comlrl(args.problems, args.problems_per_update, args.threads)
     if args.worker == "ours":
-        return run_ours(args.problems, args.problems_per_update, args.threads)
+        return run_ours(args.problems, args.problems_per_update, args.threads, args.decode_dtype)
 
     import importlib.util
 

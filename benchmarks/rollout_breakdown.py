@@ -43,7 +43,7 @@ def _timed(obj, name: str, totals: dict, key: str) -> None:
     setattr(obj, name, wrapper)
 
 
-def generate_parts(model, tok, prompts, adapters, calls: int) -> None:
+def generate_parts(model, tok, prompts, adapters, calls: int, dtypes=("float32",)) -> None:
     import orchestry.llm.decoding as D
     import orchestry.llm.local as L
 
@@ -59,7 +59,9 @@ def generate_parts(model, tok, prompts, adapters, calls: int) -> None:
     print(
         f"{len(prompts)} rows, {len(lengths)} distinct prompts: {sum(lengths)} prompt positions, {padded} padded"
     )
-    for call in range(calls):
+    for call in range(calls * len(dtypes)):
+        dtype = dtypes[call % len(dtypes)]
+        D.use_products("onednn", dtype)
         totals.clear()
         t0 = time.perf_counter()
         batch = L.generate(
@@ -69,13 +71,13 @@ def generate_parts(model, tok, prompts, adapters, calls: int) -> None:
         tokens = sum(it.completion_tokens for it in batch.items)
         steps = totals.get("steps calls", 0)
         print(
-            f"call {call}: {total:.2f} s, {tokens} tokens ({tokens / total:.0f}/s); prefill {totals['prefill']:.2f} s;"
+            f"call {call // len(dtypes)} ({dtype}): {total:.2f} s, {tokens} tokens ({tokens / total:.0f}/s); prefill {totals['prefill']:.2f} s;"
             f" {steps} steps {totals['steps']:.2f} s ({1e3 * totals['steps'] / max(steps, 1):.0f} ms each);"
             f" sampler {totals.get('sampler', 0):.2f} s; decoder built in {totals.get('decoder', 0):.2f} s"
         )
 
 
-def step_vs_rows(model, adapters, rows: list[int]) -> None:
+def step_vs_rows(model, adapters, rows: list[int], dtypes=("float32",)) -> None:
     import torch
 
     import orchestry.llm.decoding as D
@@ -83,12 +85,17 @@ def step_vs_rows(model, adapters, rows: list[int]) -> None:
 
     cfg = model.get_base_model().config
     stacked = L._stacked_lora(model, adapters)
-    with stacked.hooks():
-        dec = D.LlamaDecoder(model, stacked)
     torch.manual_seed(0)
+    decoders = {}
+    for dtype in dtypes:
+        D.use_products("onednn", dtype)
+        with stacked.hooks():
+            decoders[dtype] = D.LlamaDecoder(model, stacked)
+    dec = decoders[dtypes[0]]
     layers, width, own, t = len(dec.layers), 200, 128, 40
-    print("rows  step ms  projections ms  rest ms")
-    for M in rows:
+    print("rows  dtype     step ms  projections ms  rest ms")
+    for M, dtype in [(M, d) for M in rows for d in dtypes]:
+        dec = decoders[dtype]
         n = max(1, M // 4)
         keys = [torch.randn(n, dec.kv_heads, width, dec.head_dim) for _ in range(layers)]
         values = [torch.randn(n, dec.kv_heads, width, dec.head_dim) for _ in range(layers)]
@@ -103,7 +110,7 @@ def step_vs_rows(model, adapters, rows: list[int]) -> None:
         tokens, positions = torch.randint(0, dec.embed.shape[0], (M,)), torch.full((M,), width + t)
         x, inner = torch.randn(M, dec.embed.shape[1]), torch.randn(M, cfg.intermediate_size)
 
-        def projections(x=x, inner=inner):
+        def projections(x=x, inner=inner, dec=dec):
             for _, attn, _, mlp in dec.layers:
                 for p in (*attn, mlp[0], mlp[1]):
                     dec._linear(x, p)
@@ -119,14 +126,20 @@ def step_vs_rows(model, adapters, rows: list[int]) -> None:
             projections()
             proj_s.append(time.perf_counter() - t0)
         s, p = 1e3 * statistics.median(step_s), 1e3 * statistics.median(proj_s)
-        print(f"{M:4d}  {s:7.1f}  {p:14.1f}  {s - p:7.1f} ({(s - p) / s:.0%})")
+        print(f"{M:4d}  {dtype:8s}  {s:7.1f}  {p:14.1f}  {s - p:7.1f} ({(s - p) / s:.0%})")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=3, help="generate calls in part 1 (0: skip it)")
     ap.add_argument("--rows", default="1,2,4,8,16,32", help="row counts of part 2 (empty: skip it)")
+    ap.add_argument(
+        "--decode-dtype",
+        default="float32",
+        help="model.decode_dtype values to compare, comma-separated (e.g. float32,bfloat16: alternated)",
+    )
     args = ap.parse_args()
+    dtypes = tuple(args.decode_dtype.split(","))
     import torch
 
     from orchestry.numerics import cpu_line
@@ -137,9 +150,9 @@ def main() -> None:
     base, tok, _, prompts, adapters, attach = magrpo_levers._setup()
     model = attach(base, ("helper", "main"), seed=0)
     if args.calls > 0:
-        generate_parts(model, tok, prompts, adapters, args.calls)
+        generate_parts(model, tok, prompts, adapters, args.calls, dtypes)
     if args.rows:
-        step_vs_rows(model, adapters, [int(r) for r in args.rows.split(",")])
+        step_vs_rows(model, adapters, [int(r) for r in args.rows.split(",")], dtypes)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Usage (at the repository root, after ``dvc repro`` of the change, before committ
 
     python benchmarks/same_outputs.py            # HEAD's dvc.lock vs the working tree's
     python benchmarks/same_outputs.py --old HEAD~2 --new HEAD
+    python benchmarks/same_outputs.py --old /tmp/before.lock   # a copy of an earlier run's dvc.lock
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import yaml
 
 
 def _lock(rev: str | None) -> dict:
+    """``{output path: md5}`` of the working tree's dvc.lock (``rev`` None), of a lock file at path ``rev``, or of
+    git revision ``rev``'s."""
     text = (
-        Path("dvc.lock").read_text()
-        if rev is None
+        Path("dvc.lock" if rev is None else rev).read_text()
+        if rev is None or Path(rev).is_file()
         else subprocess.run(
             ["git", "show", f"{rev}:dvc.lock"], capture_output=True, text=True, check=True
         ).stdout
@@ -62,9 +65,9 @@ def _records(md5: str) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--old", default="HEAD", help="git revision of the reference dvc.lock")
+    ap.add_argument("--old", default="HEAD", help="git revision of the reference dvc.lock, or a lock file")
     ap.add_argument(
-        "--new", default=None, help="git revision of the other dvc.lock (default: the working tree's)"
+        "--new", default=None, help="git revision or lock file of the other (default: the working tree's)"
     )
     args = ap.parse_args()
     (old, old_uncached), (new, new_uncached) = _jsonl_files(_lock(args.old)), _jsonl_files(_lock(args.new))

@@ -146,3 +146,63 @@ def test_trainer_resolves_once_and_updates_accordingly(tiny_llama, monkeypatch, 
     monkeypatch.setattr(M, "completion_logprobs", spy)
     trainer.update(_rollout(32, problems, 2))
     assert seen and all(s is want for s in seen)
+
+
+# --- model.decode_dtype: decoding's projections ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_decode_dtype_resolution_follows_the_hardware_flag(monkeypatch, native) -> None:
+    from orchestry.llm import decoding
+
+    monkeypatch.setattr(N, "cpu_bf16_supported", lambda: native)
+    monkeypatch.setattr(decoding, "DECODE_BF16", False)
+    monkeypatch.setattr(decoding, "PRODUCTS", "onednn")
+    monkeypatch.delenv(N.NUMERICS_ENV, raising=False)
+    assert decoding.use_products("onednn", "auto") is native and decoding.DECODE_BF16 is native
+    assert N.machine_info()["decode_dtype"] == ("bfloat16" if native else "float32")
+    assert decoding.use_products("onednn", "float32") is False and decoding.DECODE_BF16 is False
+    assert N.machine_info()["decode_dtype"] == "float32"
+    assert decoding.use_products("mkl", "auto") is False  # bf16 needs oneDNN's products
+    monkeypatch.setenv(N.NUMERICS_ENV, "portable")
+    assert decoding.use_products("onednn", "auto") is False  # the portable profile decodes in fp32
+
+
+def test_decode_dtype_bfloat16_needs_native_bf16_and_onednn(monkeypatch) -> None:
+    from orchestry.llm import decoding
+
+    monkeypatch.setattr(decoding, "DECODE_BF16", False)
+    monkeypatch.setattr(decoding, "PRODUCTS", "onednn")
+    monkeypatch.setattr(N, "cpu_bf16_supported", lambda: True)
+    assert decoding.use_products("onednn", "bfloat16") is True
+    with pytest.raises(ValueError, match="needs model.decode_products onednn"):
+        decoding.use_products("mkl", "bfloat16")
+    monkeypatch.setattr(N, "cpu_bf16_supported", lambda: False)
+    with pytest.raises(ValueError, match="native bf16.*use auto"):
+        decoding.use_products("onednn", "bfloat16")
+    with pytest.raises(ValueError, match="'float32', 'bfloat16' or 'auto'"):
+        N.resolve_decode_bf16("fp16")
+    assert decoding.DECODE_BF16 is True  # a refused setting changes nothing
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model:\n  decode_dtype: fp16\n", r"model\.decode_dtype"),
+        ("model:\n  decode_dtype: bfloat16\n  decode_products: mkl\n", "needs model.decode_products: onednn"),
+        ("model:\n  decode_dtype: bfloat16\n  numerics: portable\n", "portable decodes in fp32"),
+    ],
+)
+def test_params_refuse_decode_dtypes_that_cannot_run(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(ParamsError, match=message):
+        load_params(path)
+
+
+def test_decode_dtype_defaults_to_float32(tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text("model:\n  decode_dtype: auto\n  numerics: portable\n")
+    assert load_params(path).model.decode_dtype == "auto"
+    path.write_text("model: {}\n")
+    assert load_params(path).model.decode_dtype == "float32"

@@ -403,3 +403,115 @@ def test_fence_stop_needs_checking_only_after_a_backtick_token(embedded_tokenize
                     rule = n
         assert rule == every, (text, rule, every)
         assert (every is not None) == (text.count("```") >= 2 or "``" + "`py" in text)
+
+
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN's bf16 inner product needs native bf16"
+)
+def test_bf16_decoder_step_rounds_the_operands_only(embedded_tokenizer, one_thread):
+    """LlamaDecoder(bf16=True): its projections take bf16 weights and inputs and sum in fp32, so its logits are
+    those of the fp32 step with every projection's operands rounded to bf16 (up to the sums' order), and differ
+    from the fp32 step's by that rounding."""
+    pm = _kernels_pair(embedded_tokenizer)
+    names = ["helper", "main", "__base__"]
+    stacked = decoding.StackedLoRA(pm, ["helper", "main"])
+    cfg = pm.get_base_model().config
+    torch.manual_seed(5)
+    L, Hkv, D = 12, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    keys = [torch.randn(3, Hkv, L, D) for _ in range(cfg.num_hidden_layers)]
+    values = [torch.randn(3, Hkv, L, D) for _ in range(cfg.num_hidden_layers)]
+    attend = torch.zeros(3, L, dtype=torch.bool)
+    attend[:, :9] = True
+    tokens = torch.randint(0, len(embedded_tokenizer), (3,))
+
+    def step(**kw):
+        dec = decoding.LlamaDecoder(pm, stacked, products="onednn", **kw)
+        dec.row_mask = stacked.row_mask(names)
+        ks, vs = [k.clone() for k in keys], [v.clone() for v in values]
+        with torch.no_grad():
+            return dec.step(tokens, torch.full((3,), 8), ks, vs, 8, attend), dec
+
+    fp32, _ = step(bf16=False)
+    bf16, dec = step(bf16=True)
+    assert dec.bf16 and bf16.dtype == torch.float32
+    # the reference: the fp32 step with each base projection's weights, inputs and result rounded to bf16 (the LM
+    # head excepted: it stays fp32), the rows' LoRA in fp32
+    rounded = decoding.LlamaDecoder(pm, stacked, products="mkl")
+    rounded.layers = [
+        (n1, [(w.to(torch.bfloat16).float(), True, lo) for w, _, lo in attn], n2,
+         [(w.to(torch.bfloat16).float(), True, lo) for w, _, lo in mlp])
+        for n1, attn, n2, mlp in rounded.layers
+    ]  # fmt: skip
+    rounded.head = (rounded.head[0], False, None)
+
+    def linear(x, layer):
+        w, bf16, lora = layer
+        if not bf16:
+            return torch.nn.functional.linear(x, w)
+        out = torch.nn.functional.linear(x.to(torch.bfloat16).float(), w).to(torch.bfloat16).float()
+        if lora is not None:
+            out = out + torch.mm(torch.mm(x, lora[0]) * rounded.row_mask, lora[1])
+        return out
+
+    rounded._linear = linear
+    rounded.row_mask = stacked.row_mask(names)
+    ks, vs = [k.clone() for k in keys], [v.clone() for v in values]
+    with torch.no_grad():
+        ref = rounded.step(tokens, torch.full((3,), 8), ks, vs, 8, attend)
+    scale = fp32.abs().max()
+    assert (bf16 - ref).abs().max() < 1e-4 * scale  # the same rounded operands, sums in another order
+    assert (bf16 - fp32).abs().max() > 10 * (bf16 - ref).abs().max()  # and not the fp32 step
+    with pytest.raises(ValueError, match="onednn"):
+        decoding.LlamaDecoder(pm, stacked, products="mkl", bf16=True)
+
+
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN's bf16 inner product needs native bf16"
+)
+def test_generate_under_decode_bf16_prefills_in_bf16_and_decodes_in_fp32_caches(
+    embedded_tokenizer, one_thread, monkeypatch
+):
+    """model.decode_dtype resolved to bf16: generate() prefills the prompts under bf16 autocast and hands the
+    decoding steps fp32 keys and values; the decoder's projections are bf16, its LM head fp32. With fp32 (the
+    default) neither autocast nor a bf16 weight is involved."""
+    from orchestry.llm import local
+
+    tok = embedded_tokenizer
+    pm = _kernels_pair(tok)
+    prompts = ["def f(x):", "def f(x):", "return the sum of a list", "count vowels in s"]
+    names = ["helper", "helper", "main", "main"]
+    seen = []
+    prefill, init = local._prefill_groups, decoding.LlamaDecoder.__init__
+
+    def spy_prefill(*a, **kw):
+        keys, values = prefill(*a, **kw)
+        seen.append(("prefill", torch.is_autocast_enabled("cpu")))
+        return keys, values
+
+    shared = decoding.SharedPrefix.__init__
+
+    def spy_shared(self, keys, values, *a, **kw):
+        seen.append(("prefix", {k.dtype for k in (*keys, *values)}))
+        shared(self, keys, values, *a, **kw)
+
+    def spy_init(self, *a, **kw):
+        init(self, *a, **kw)
+        seen.append(("decoder", self.layers[0][1][0][0].dtype, self.head[0].dtype))
+
+    monkeypatch.setattr(local, "_prefill_groups", spy_prefill)
+    monkeypatch.setattr(decoding.LlamaDecoder, "__init__", spy_init)
+    monkeypatch.setattr(decoding.SharedPrefix, "__init__", spy_shared)
+    monkeypatch.setattr(decoding, "PRODUCTS", "onednn")
+    out = {}
+    for bf16 in (False, True):
+        monkeypatch.setattr(decoding, "DECODE_BF16", bf16)
+        out[bf16] = generate(pm, tok, prompts, names, max_new_tokens=12, temperature=0.0, seed=5)
+    assert seen == [
+        ("prefill", False),
+        ("prefix", {torch.float32}),
+        ("decoder", torch.float32, torch.float32),
+        ("prefill", True),
+        ("prefix", {torch.float32}),
+        ("decoder", torch.bfloat16, torch.float32),
+    ]
+    assert all(g.completion_tokens > 0 for g in out[True].items)

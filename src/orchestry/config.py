@@ -61,6 +61,13 @@ class ModelParams(_Section):
         "LlamaDecoder): onednn (faster; a reordered copy of the base weights during each generate call, +0.5 GB "
         "for the embedded model) | mkl (transformers' own products, no copy)",
     )
+    decode_dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32",
+        description="operands of decoding's projections on the CPU (onednn products): float32 (the same samples "
+        "on every CPU kind) | bfloat16 (bf16 weights and inputs, fp32 sums: faster where the CPU has AVX-512 BF16 "
+        "or AMX, emulated and slow elsewhere; samples differ from float32's) | auto (bfloat16 only where native, "
+        "float32 under numerics: portable); orchestry.numerics.resolve_decode_bf16",
+    )
 
 
 class SamplingParams(_Section):
@@ -634,6 +641,12 @@ class Params(_Section):
                 )
             if self.model.dtype != "float32" or self.model.load_in_4bit:
                 raise ValueError("model.numerics: portable needs model.dtype float32 and load_in_4bit false")
+            if self.model.decode_dtype == "bfloat16":
+                raise ValueError(
+                    "model.numerics: portable decodes in fp32: set model.decode_dtype auto or float32"
+                )
+        if self.model.decode_dtype == "bfloat16" and self.model.decode_products != "onednn":
+            raise ValueError("model.decode_dtype: bfloat16 needs model.decode_products: onednn")
         if self.train_magrpo.warm_start_epochs not in (0, "auto") and self.prepare.source != "compositional":
             raise ValueError(
                 "train_magrpo.warm_start_epochs needs prepare.source: compositional (the generated problems' "

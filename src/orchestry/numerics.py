@@ -119,8 +119,8 @@ def apply_numerics(mode: str, cpuinfo: str | Path = "/proc/cpuinfo") -> None:
 def machine_info() -> dict:
     """What a run's numbers and seconds depend on: ``cpu``, ``cpu_flags`` (the :data:`FLAGS` present),
     ``threads`` (torch's), ``torch`` (version), ``kernels`` (torch's CPU capability), ``mkl_cbwr`` (MKL's
-    branch setting, ``AUTO`` when unset), ``numerics`` (:func:`numerics_mode`) and ``gpu`` (CUDA device name or
-    ``none``). Logged as MLflow tags ``machine.<key>`` of every stage run and written into the stage reports."""
+    branch setting, ``AUTO`` when unset), ``numerics`` (:func:`numerics_mode`), ``decode_dtype`` (decoding's
+    resolved operand dtype, ``model.decode_dtype``) and ``gpu`` (CUDA device name or ``none``). Logged as MLflow tags ``machine.<key>`` of every stage run and written into the stage reports."""
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
@@ -132,8 +132,17 @@ def machine_info() -> dict:
         "kernels": torch.backends.cpu.get_cpu_capability(),
         "mkl_cbwr": os.environ.get("MKL_CBWR", "AUTO"),
         "numerics": numerics_mode(),
+        "decode_dtype": "bfloat16" if _decoding_bf16() else "float32",
         "gpu": gpu,
     }
+
+
+def _decoding_bf16() -> bool:
+    """:data:`orchestry.llm.decoding.DECODE_BF16` (False while that module is not loaded: nothing decoded yet)."""
+    import sys
+
+    decoding = sys.modules.get("orchestry.llm.decoding")
+    return bool(getattr(decoding, "DECODE_BF16", False))
 
 
 @functools.cache
@@ -206,3 +215,38 @@ def bf16_autocast(model, enabled: bool):
     if not enabled:
         return contextlib.nullcontext()
     return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
+
+
+def resolve_decode_bf16(setting: str, products: str = "onednn") -> bool:
+    """Whether decoding's projections (:class:`orchestry.llm.decoding.LlamaDecoder`) take bf16 operands, from
+    ``model.decode_dtype``.
+
+    bf16 operands round each weight and input to 8 significant bits (the products are summed in fp32): on the
+    embedded model the next-token distributions move by 0.4 % in total variation on average and the greedy token
+    changes at 0.3 % of positions (benchmarks/README.md), so seeded samples differ from fp32 decoding's.
+
+    Args:
+        setting: ``"float32"``; ``"bfloat16"`` (needs a CPU with native bf16: oneDNN has no bf16 inner product
+            elsewhere); ``"auto"``: bf16 only where the CPU runs it natively (:func:`cpu_bf16_supported`) and not under
+            ``model.numerics: portable`` (:func:`numerics_mode`).
+        products: ``model.decode_products``; bf16 needs ``"onednn"`` (``"auto"`` resolves to fp32 with ``"mkl"``).
+
+    Raises:
+        ValueError: an unknown setting, or ``"bfloat16"`` with ``"mkl"`` products or on a CPU without native bf16.
+    """
+    if setting == "float32":
+        return False
+    if setting not in ("bfloat16", "auto"):
+        raise ValueError(f"decode dtype must be 'float32', 'bfloat16' or 'auto', got {setting!r}")
+    if products != "onednn":
+        if setting == "bfloat16":
+            raise ValueError("model.decode_dtype bfloat16 needs model.decode_products onednn")
+        return False
+    if setting == "auto":
+        return numerics_mode() != "portable" and cpu_bf16_supported()
+    if not cpu_bf16_supported():
+        raise ValueError(
+            f"model.decode_dtype bfloat16 needs a CPU with native bf16 (AVX-512 BF16 or AMX; this one: {cpu_line()}); "
+            "use auto (bfloat16 only where native) or float32"
+        )
+    return True

@@ -16,7 +16,7 @@ from orchestry.params_file import ParamsError, load_params
 
 def start_stage(name: str, params_path: str = "params.yaml") -> Params:
     """Configure logging, validate ``params.yaml`` (exit 2 with the message on error), put ``model.numerics`` into
-    effect (:func:`orchestry.numerics.apply_numerics`) and ``model.decode_products``
+    effect (:func:`orchestry.numerics.apply_numerics`), ``model.decode_products`` and ``model.decode_dtype``
     (:func:`orchestry.llm.decoding.use_products`: also for models that backends load), and seed RNGs."""
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {name} %(name)s: %(message)s", datefmt="%H:%M:%S"
@@ -35,7 +35,7 @@ def start_stage(name: str, params_path: str = "params.yaml") -> Params:
     apply_numerics(params.model.numerics)  # before torch computes anything: it pins the kernel paths
     from orchestry.llm.decoding import use_products
 
-    use_products(params.model.decode_products)
+    use_products(params.model.decode_products, params.model.decode_dtype)
     import torch
 
     torch.manual_seed(0)
@@ -166,7 +166,7 @@ def load_policy(
     torch.set_num_threads(cpu_threads())
     from orchestry.llm.decoding import use_products
 
-    use_products(params.model.decode_products)
+    use_products(params.model.decode_products, params.model.decode_dtype)
     model, tok = load_model(params.model.path, params.model.dtype, params.model.load_in_4bit)
     if with_adapters:
         from peft import PeftModel

@@ -330,14 +330,26 @@ class SharedPrefix:
 #: reordered once per decoder: 1.5-1.75x faster than MKL's GEMM for the embedded model's layers at 16-64 rows on
 #: an AVX-512 CPU, benchmarks/README.md) or ``"mkl"`` (what transformers computes under DecodeLinear, bit for bit).
 PRODUCTS = "onednn"
+#: Whether :class:`LlamaDecoder`'s projections take bf16 operands (``model.decode_dtype``, resolved by
+#: :func:`orchestry.numerics.resolve_decode_bf16`): oneDNN's bf16 inner product, fp32 sums and fp32 results.
+DECODE_BF16 = False
 
 
-def use_products(name: str) -> None:
-    """Set :data:`PRODUCTS` for this process (``model.decode_products``). Raises ValueError on another name."""
-    global PRODUCTS
+def use_products(name: str, dtype: str = "float32") -> bool:
+    """Set :data:`PRODUCTS` and :data:`DECODE_BF16` for this process (``model.decode_products``,
+    ``model.decode_dtype``: ``float32``, ``bfloat16`` or ``auto``). Returns the resolved :data:`DECODE_BF16`.
+
+    Raises:
+        ValueError: another name or dtype, or ``bfloat16`` with ``mkl`` products.
+    """
+    global PRODUCTS, DECODE_BF16
+    from orchestry.numerics import resolve_decode_bf16
+
     if name not in ("onednn", "mkl"):
         raise ValueError(f"decode products must be 'onednn' or 'mkl', got {name!r}")
-    PRODUCTS = name
+    bf16 = resolve_decode_bf16(dtype, name)
+    PRODUCTS, DECODE_BF16 = name, bf16
+    return bf16
 
 
 def _onednn_available() -> bool:
@@ -368,7 +380,12 @@ class LlamaDecoder:
     """
 
     def __init__(
-        self, model, stacked: StackedLoRA | None = None, products: str | None = None, bare: bool = False
+        self,
+        model,
+        stacked: StackedLoRA | None = None,
+        products: str | None = None,
+        bare: bool = False,
+        bf16: bool | None = None,
     ):
         reason = self.unsupported(model, stacked, bare)
         if reason:
@@ -378,15 +395,21 @@ class LlamaDecoder:
             raise ValueError(f"products must be 'onednn' or 'mkl', got {products!r}")
         if products == "onednn" and not _onednn_available():
             products = "mkl"
+        bf16 = DECODE_BF16 if bf16 is None else bf16
+        if bf16 and products != "onednn":
+            raise ValueError("bf16 decoding needs oneDNN products (model.decode_products: onednn)")
+        self.bf16 = bool(bf16)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         inner, cfg = base.model, base.config
         lora = {id(m): (a, b) for m, a, b in stacked.layers} if stacked is not None else {}
         self.stacked, self.products = stacked, products
 
-        def linear(module):
+        def linear(module, bf16=self.bf16):
             plain = getattr(module, "base_layer", module)
             weight = plain.weight.detach()
             if products == "onednn":
+                if bf16:
+                    weight = weight.to(torch.bfloat16)
                 weight = torch.ops.mkldnn._reorder_linear_weight(weight, SKINNY_ROWS)
             return weight, type(plain) is DecodeLinear, lora.get(id(module))
 
@@ -404,7 +427,9 @@ class LlamaDecoder:
         ]
         self.final_norm = norm(inner.norm)
         self.embed = inner.embed_tokens.weight
-        self.head = linear(base.lm_head)
+        # the LM head stays fp32: oneDNN's bf16 product rounds its result to bf16, and logits rounded to 8
+        # significant bits (steps of 1/16 at a logit of 10) would move the sampling probabilities by percents
+        self.head = linear(base.lm_head, bf16=False)
         self.inv_freq = inner.rotary_emb.inv_freq.float()
         self.rope_scale = inner.rotary_emb.attention_scaling
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -450,7 +475,11 @@ class LlamaDecoder:
     def _linear(self, x: torch.Tensor, layer) -> torch.Tensor:
         """``x [B, in]`` through one projection (oneDNN, or as DecodeLinear / F.linear do it) and its LoRA."""
         weight, skinny, lora = layer
-        if self.products == "onednn":
+        if weight.dtype == torch.bfloat16:  # bf16 operands, fp32 sums, the result rounded to bf16
+            out = torch.ops.mkldnn._linear_pointwise(
+                x.to(torch.bfloat16), weight, None, "none", [], ""
+            ).float()
+        elif self.products == "onednn":
             out = torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
         elif skinny and x.shape[0] <= SKINNY_ROWS and x.shape[0]:
             out = torch.mm(weight, x.t()).t()
