@@ -319,6 +319,16 @@ def test_cache_identity_has_everything_that_changes_the_sample(key, tmp_path, mo
     assert (
         k("local", str(folder), seed=0, local_batch_size=8) != local
     )  # a generate call's seed: its requests
+    # the decoder's numerics (model.decode_dtype resolved, model.decode_products): bf16 operands sample other tokens
+    from orchestry.llm import decoding
+
+    monkeypatch.setattr(decoding, "DECODE_BF16", True)
+    assert k("local", str(folder), seed=0) != local
+    monkeypatch.setattr(decoding, "DECODE_BF16", False)
+    monkeypatch.setattr(decoding, "PRODUCTS", "mkl")
+    assert k("local", str(folder), seed=0) != local
+    monkeypatch.setattr(decoding, "PRODUCTS", "onednn")
+    assert k("local", str(folder), seed=0) == local  # the default adds nothing: earlier caches stay valid
     (folder / "model.safetensors").write_bytes(b"\x02" * 4096)
     assert k("local", str(folder), seed=0) != local
     # an OpenAI-compatible server gets a seed per sample: seed 1's samples are not seed 0's later ones

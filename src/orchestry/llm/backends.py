@@ -448,9 +448,14 @@ class LocalChat(_Base):
             self.hf_model.eval()
 
     def identity(self) -> dict:
-        """Model, weights, dtype, seed, ``batch_size`` (a generate call is seeded from the requests it holds)
-        and ``stop_at_code_end``: everything besides the request that changes a sample."""
-        return {
+        """Model, weights, dtype, seed, ``batch_size`` (a generate call is seeded from the requests it holds),
+        ``stop_at_code_end`` and, where not the default (oneDNN products on fp32 operands), the decoder's
+        products and operand dtype (``model.decode_products``, ``model.decode_dtype`` as resolved): everything
+        besides the request that changes a sample. (The default adds no key, so caches written before the
+        setting existed stay valid.)"""
+        from orchestry.llm import decoding
+
+        identity = {
             "backend": self.backend,
             "model": self.model,
             "weights": self._fingerprint,
@@ -459,6 +464,10 @@ class LocalChat(_Base):
             "batch_size": self.batch_size,
             "stop_at_code_end": self.stop_at_code_end,
         }
+        decode = (decoding.PRODUCTS, "bfloat16" if decoding.DECODE_BF16 else "float32")
+        if decode != ("onednn", "float32"):
+            identity["decoding"] = "/".join(decode)
+        return identity
 
     def render(self, request: ChatRequest) -> str:
         """The prompt text for ``request`` (chat template, generation prompt appended)."""

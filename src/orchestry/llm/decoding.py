@@ -331,7 +331,8 @@ class SharedPrefix:
 #: an AVX-512 CPU, benchmarks/README.md) or ``"mkl"`` (what transformers computes under DecodeLinear, bit for bit).
 PRODUCTS = "onednn"
 #: Whether :class:`LlamaDecoder`'s projections take bf16 operands (``model.decode_dtype``, resolved by
-#: :func:`orchestry.numerics.resolve_decode_bf16`): oneDNN's bf16 inner product, fp32 sums and fp32 results.
+#: :func:`orchestry.numerics.resolve_decode_bf16`): oneDNN's bf16 inner product (fp32 sums, each result rounded
+#: to bf16); the LM head stays fp32.
 DECODE_BF16 = False
 
 
@@ -340,7 +341,7 @@ def use_products(name: str, dtype: str = "float32") -> bool:
     ``model.decode_dtype``: ``float32``, ``bfloat16`` or ``auto``). Returns the resolved :data:`DECODE_BF16`.
 
     Raises:
-        ValueError: another name or dtype, or ``bfloat16`` with ``mkl`` products.
+        ValueError: another name or dtype, or ``bfloat16`` with ``mkl`` products or on a CPU without native bf16.
     """
     global PRODUCTS, DECODE_BF16
     from orchestry.numerics import resolve_decode_bf16
@@ -374,9 +375,12 @@ class LlamaDecoder:
         model: the (peft-wrapped) model. stacked: the batch's :class:`StackedLoRA`, or None (bare model).
         products: ``"onednn"`` or ``"mkl"``; None: :data:`PRODUCTS` (``"mkl"`` where torch has no oneDNN).
         bare: every row runs the base model (peft's ``"__base__"`` rows): LoRA layers are skipped.
+        bf16: the projections (not the LM head) take bf16 weights and inputs (oneDNN; sums in fp32, each result
+            rounded to bf16; the rows' LoRA stays fp32); None: :data:`DECODE_BF16` (``model.decode_dtype``).
 
     Raises:
-        ValueError: ``unsupported(model, stacked)`` gives a reason, or ``products`` is unknown.
+        ValueError: ``unsupported(model, stacked)`` gives a reason, ``products`` is unknown, or ``bf16`` without
+            oneDNN products.
     """
 
     def __init__(
