@@ -123,6 +123,8 @@ def machine_info() -> dict:
     resolved operand dtype, ``model.decode_dtype``) and ``gpu`` (CUDA device name or ``none``). Logged as MLflow tags ``machine.<key>`` of every stage run and written into the stage reports."""
     import torch
 
+    from orchestry.llm import decoding  # its model.decode_dtype, resolved by use_products
+
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     return {
         "cpu": cpu_model(),
@@ -132,17 +134,9 @@ def machine_info() -> dict:
         "kernels": torch.backends.cpu.get_cpu_capability(),
         "mkl_cbwr": os.environ.get("MKL_CBWR", "AUTO"),
         "numerics": numerics_mode(),
-        "decode_dtype": "bfloat16" if _decoding_bf16() else "float32",
+        "decode_dtype": "bfloat16" if decoding.DECODE_BF16 else "float32",
         "gpu": gpu,
     }
-
-
-def _decoding_bf16() -> bool:
-    """:data:`orchestry.llm.decoding.DECODE_BF16` (False while that module is not loaded: nothing decoded yet)."""
-    import sys
-
-    decoding = sys.modules.get("orchestry.llm.decoding")
-    return bool(getattr(decoding, "DECODE_BF16", False))
 
 
 @functools.cache

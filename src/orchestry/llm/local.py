@@ -659,6 +659,7 @@ def generate(
     """
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
+    from orchestry.llm import decoding
     from orchestry.llm.decoding import LlamaDecoder, SharedPrefix
 
     t0 = time.time()
@@ -709,13 +710,11 @@ def generate(
                 bare = _decoder_bare(model, stacked, adapter_names) if fast_decoding else None
                 # LlamaDecoder covers the model: its reordered weights are made after the prefill (memory)
                 if bare is not None:
-                    from orchestry.llm import decoding
-
                     # model.decode_dtype bf16: the prompts' forward under bf16 autocast as well (as the update's
-                    # forward runs where bf16 is native), its keys and values kept in fp32 for the decoding steps
+                    # forward runs where bf16 is native); its cached keys and values come out fp32 all the same
+                    # (tests/test_decoding.py), as the decoding steps need them
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=decoding.DECODE_BF16):
                         keys, values = _prefill_groups(model, ids, mask, groups, row_kwargs)
-                    keys, values = [k.float() for k in keys], [v.float() for v in values]
                     prefix = SharedPrefix(keys, values, mask[groups[0], :-1], groups[1])
                     decoder = LlamaDecoder(model, stacked, bare=bare)
                 else:
