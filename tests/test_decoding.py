@@ -1,5 +1,7 @@
 """The decoding kernels (orchestry.llm.decoding) compute what transformers and peft compute."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import make_tiny_llama
@@ -515,3 +517,38 @@ def test_generate_under_decode_bf16_prefills_in_bf16_and_decodes_in_fp32_caches(
         ("decoder", torch.bfloat16, torch.float32),
     ]
     assert all(g.completion_tokens > 0 for g in out[True].items)
+
+
+def test_bare_model_generation_does_not_import_peft(tmp_path):
+    """A stage without adapters (baselines, evaluate_base) decodes without importing peft (1-2.5 s of start-up):
+    the decoder's LoRA checks find no peft module, so no LoRA layer can exist. A fresh process, because this
+    test session has imported peft already."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from conftest import make_tiny_llama\n"
+        "from orchestry.llm.decoding import lora_layer_class, use_decode_kernels\n"
+        "from orchestry.llm.local import _decoder_bare\n"
+        "model = make_tiny_llama(64)\n"
+        "use_decode_kernels(model)\n"
+        "assert lora_layer_class() is None\n"
+        "bare = _decoder_bare(model, None, None)\n"
+        "print(bare, 'peft' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == [
+        "False",
+        "False",
+    ]  # the LlamaDecoder covers it (not bare: no adapters), no peft
+
+
+def test_lora_layer_class_is_peft_s_once_imported():
+    from peft.tuners.lora import LoraLayer
+
+    from orchestry.llm.decoding import lora_layer_class
+
+    assert lora_layer_class() is LoraLayer

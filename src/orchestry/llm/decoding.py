@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -143,6 +144,13 @@ def use_decode_kernels(model) -> None:
         if type(module) is torch.nn.Linear:
             module.__class__ = DecodeLinear
     use_lean_mlp(base)
+
+
+def lora_layer_class() -> type | None:
+    """peft's ``LoraLayer`` class, or None while peft is not imported: then no module of any model is a LoRA layer
+    (peft makes them), and a stage whose model has no adapters never pays peft's import (1-2.5 s of start-up)."""
+    module = sys.modules.get("peft.tuners.lora")
+    return getattr(module, "LoraLayer", None)
 
 
 class StackedLoRA:
@@ -449,8 +457,7 @@ class LlamaDecoder:
     def unsupported(model, stacked: StackedLoRA | None = None, bare: bool = False) -> str | None:
         """Why this model's decoding step is not the one :class:`LlamaDecoder` computes (None: it is).
         ``bare``: the rows use no adapter, so LoRA layers are not in the step."""
-        from peft.tuners.lora import LoraLayer
-
+        LoraLayer = lora_layer_class()
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         cfg = getattr(base, "config", None)
         if type(base).__name__ != "LlamaForCausalLM" or cfg is None:
@@ -467,7 +474,7 @@ class LlamaDecoder:
             return "not on the CPU"
         covered = {id(m) for m, _, _ in stacked.layers} if stacked is not None else set()
         for module in base.modules():
-            if isinstance(module, LoraLayer) and id(module) not in covered and not bare:
+            if LoraLayer and isinstance(module, LoraLayer) and id(module) not in covered and not bare:
                 return "a LoRA layer outside the batch's StackedLoRA (peft's active adapters)"
             if isinstance(module, torch.nn.Linear) and type(module) not in (torch.nn.Linear, DecodeLinear):
                 return f"linear layer of type {type(module).__name__}"

@@ -765,8 +765,6 @@ def _decoder_bare(model, stacked, adapter_names: Sequence[str] | None) -> bool |
     rows' adapters (False), or does not cover the model (None: ``model.generate`` decodes). A batch whose rows all
     name no adapter of the model (peft's ``"__base__"``), or a batch without adapter names inside peft's
     ``disable_adapter()``, runs the bare base model."""
-    from peft.tuners.lora import LoraLayer
-
     from orchestry.llm.decoding import LlamaDecoder
 
     bare = False
@@ -774,6 +772,8 @@ def _decoder_bare(model, stacked, adapter_names: Sequence[str] | None) -> bool |
         if adapter_names is not None:
             bare = not set(adapter_names) & set(model.peft_config)
         else:
+            from peft.tuners.lora import LoraLayer
+
             lora = [m for m in model.modules() if isinstance(m, LoraLayer)]
             bare = bool(lora) and all(m.disable_adapters for m in lora)
     reason = LlamaDecoder.unsupported(model, stacked, bare)
