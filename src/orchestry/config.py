@@ -62,12 +62,11 @@ class ModelParams(_Section):
         "for the embedded model) | mkl (transformers' own products, no copy)",
     )
     decode_dtype: Literal["float32", "bfloat16", "auto"] = Field(
-        "auto",
-        description="operands of decoding's projections on the CPU (onednn products): auto (bfloat16 only where "
-        "the CPU runs it natively, float32 elsewhere and under numerics: portable; as train_magrpo.bf16_update) | "
-        "float32 (the same samples on every CPU kind) | bfloat16 (bf16 weights and inputs, fp32 sums: faster where "
-        "the CPU has AVX-512 BF16 or AMX, emulated and slow elsewhere; samples differ from float32's); "
-        "orchestry.numerics.resolve_decode_bf16",
+        "float32",
+        description="operands of decoding's projections on the CPU (onednn products): float32 (the same samples "
+        "on every CPU kind) | bfloat16 (bf16 weights and inputs, fp32 sums: faster where the CPU has AVX-512 BF16 "
+        "or AMX, emulated and slow elsewhere; samples differ from float32's) | auto (bfloat16 only where native, "
+        "float32 under numerics: portable); orchestry.numerics.resolve_decode_bf16",
     )
 
 
