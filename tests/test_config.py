@@ -196,6 +196,28 @@ def test_stage_start_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.Captu
     assert "train_magrpo.learning_rate" in capsys.readouterr().err
 
 
+def test_stage_start_exits_2_when_the_cpu_cannot_run_the_decode_dtype(
+    tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture
+) -> None:
+    from orchestry import numerics
+    from orchestry.llm import decoding
+    from orchestry.runtime import start_stage
+
+    monkeypatch.setattr(decoding, "DECODE_BF16", False)
+    monkeypatch.setattr(numerics, "cpu_bf16_supported", lambda: False)
+    path = tmp_path / "params.yaml"
+    path.write_text("model:\n  decode_dtype: bfloat16\n")
+    with pytest.raises(SystemExit) as e:
+        start_stage("t", str(path))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: model.decode_dtype bfloat16 needs a CPU with native bf16")
+        and "Traceback" not in err
+    )
+    assert decoding.DECODE_BF16 is False
+
+
 def test_stage_start_puts_decode_products_into_effect(tmp_path: Path, monkeypatch) -> None:
     from orchestry.llm import decoding
     from orchestry.numerics import NUMERICS_ENV

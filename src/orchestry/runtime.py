@@ -35,7 +35,11 @@ def start_stage(name: str, params_path: str = "params.yaml") -> Params:
     apply_numerics(params.model.numerics)  # before torch computes anything: it pins the kernel paths
     from orchestry.llm.decoding import use_products
 
-    use_products(params.model.decode_products, params.model.decode_dtype)
+    try:  # a dtype this CPU cannot run (decode_dtype bfloat16 without native bf16): bad input, exit 2 as above
+        use_products(params.model.decode_products, params.model.decode_dtype)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     import torch
 
     torch.manual_seed(0)
