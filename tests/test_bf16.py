@@ -200,7 +200,7 @@ def test_params_refuse_decode_dtypes_that_cannot_run(tmp_path: Path, text: str, 
         load_params(path)
 
 
-def test_decode_dtype_defaults_to_float32(tmp_path: Path) -> None:
+def test_decode_dtype_defaults_to_float32_and_portable_accepts_auto(tmp_path: Path) -> None:
     path = tmp_path / "params.yaml"
     path.write_text("model:\n  decode_dtype: auto\n  numerics: portable\n")
     assert load_params(path).model.decode_dtype == "auto"
