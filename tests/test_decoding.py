@@ -519,10 +519,11 @@ def test_generate_under_decode_bf16_prefills_in_bf16_and_decodes_in_fp32_caches(
     assert all(g.completion_tokens > 0 for g in out[True].items)
 
 
-def test_bare_model_generation_does_not_import_peft(tmp_path):
-    """A stage without adapters (baselines, evaluate_base) decodes without importing peft (1-2.5 s of start-up):
-    the decoder's LoRA checks find no peft module, so no LoRA layer can exist. A fresh process, because this
-    test session has imported peft already."""
+def test_bare_model_decoder_checks_do_not_import_peft():
+    """A stage without adapters (baselines, evaluate_base) passes the decoder's checks for a bare model
+    (``_decoder_bare``, ``LlamaDecoder.unsupported``) without importing peft (1-2.5 s of start-up): no peft module,
+    so no LoRA layer can exist. A fresh process, because this test session has imported peft already. (The whole
+    path, ``stages/baselines.py``'s generation on the embedded model, was checked by hand the same way.)"""
     import subprocess
     import sys
 
