@@ -25,13 +25,14 @@ import yaml
 def _lock(rev: str | None) -> dict:
     """``{output path: md5}`` of the working tree's dvc.lock (``rev`` None), of a lock file at path ``rev``, or of
     git revision ``rev``'s."""
-    text = (
-        Path("dvc.lock" if rev is None else rev).read_text()
-        if rev is None or Path(rev).is_file()
-        else subprocess.run(
+    if rev is None:
+        text = Path("dvc.lock").read_text()
+    elif Path(rev).is_file():
+        text = Path(rev).read_text()
+    else:
+        text = subprocess.run(
             ["git", "show", f"{rev}:dvc.lock"], capture_output=True, text=True, check=True
         ).stdout
-    )
     return {o["path"]: o["md5"] for st in yaml.safe_load(text)["stages"].values() for o in st.get("outs", [])}
 
 

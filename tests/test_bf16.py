@@ -180,6 +180,9 @@ def test_decode_dtype_bfloat16_needs_native_bf16_and_onednn(monkeypatch) -> None
     monkeypatch.setattr(N, "cpu_bf16_supported", lambda: False)
     with pytest.raises(ValueError, match="native bf16.*use auto"):
         decoding.use_products("onednn", "bfloat16")
+    # params this machine cannot run are bad params, as the stages and the CLI report them (exit code 2)
+    with pytest.raises(ParamsError, match="native bf16"):
+        N.resolve_decode_bf16("bfloat16")
     with pytest.raises(ValueError, match="'float32', 'bfloat16' or 'auto'"):
         N.resolve_decode_bf16("fp16")
     assert decoding.DECODE_BF16 is True  # a refused setting changes nothing

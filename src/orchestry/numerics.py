@@ -134,7 +134,7 @@ def machine_info() -> dict:
         "kernels": torch.backends.cpu.get_cpu_capability(),
         "mkl_cbwr": os.environ.get("MKL_CBWR", "AUTO"),
         "numerics": numerics_mode(),
-        "decode_dtype": "bfloat16" if decoding.DECODE_BF16 else "float32",
+        "decode_dtype": decoding.decode_numerics()[1],
         "gpu": gpu,
     }
 
@@ -216,8 +216,8 @@ def resolve_decode_bf16(setting: str, products: str = "onednn") -> bool:
     ``model.decode_dtype``.
 
     bf16 operands round each weight and input to 8 significant bits (the products are summed in fp32): on the
-    embedded model the next-token distributions move by 0.4 % in total variation on average and the greedy token
-    changes at 0.3 % of positions (benchmarks/README.md), so seeded samples differ from fp32 decoding's.
+    embedded model the next-token distributions move by 0.5 % in total variation on average and the greedy token
+    changes at 0.4-0.6 % of positions (benchmarks/README.md), so seeded samples differ from fp32 decoding's.
 
     Args:
         setting: ``"float32"``; ``"bfloat16"`` (needs a CPU with native bf16: oneDNN has no bf16 inner product
@@ -226,20 +226,24 @@ def resolve_decode_bf16(setting: str, products: str = "onednn") -> bool:
         products: ``model.decode_products``; bf16 needs ``"onednn"`` (``"auto"`` resolves to fp32 with ``"mkl"``).
 
     Raises:
-        ValueError: an unknown setting, or ``"bfloat16"`` with ``"mkl"`` products or on a CPU without native bf16.
+        ValueError: an unknown setting. :class:`orchestry.params_file.ParamsError` (a ValueError): ``"bfloat16"``
+            with ``"mkl"`` products or on a CPU without native bf16, params this machine cannot run (a stage and
+            the CLI report it as bad params: one ``error:`` line, exit code 2).
     """
+    from orchestry.params_file import ParamsError
+
     if setting == "float32":
         return False
     if setting not in ("bfloat16", "auto"):
         raise ValueError(f"decode dtype must be 'float32', 'bfloat16' or 'auto', got {setting!r}")
     if products != "onednn":
         if setting == "bfloat16":
-            raise ValueError("model.decode_dtype bfloat16 needs model.decode_products onednn")
+            raise ParamsError("model.decode_dtype bfloat16 needs model.decode_products onednn")
         return False
     if setting == "auto":
         return numerics_mode() != "portable" and cpu_bf16_supported()
     if not cpu_bf16_supported():
-        raise ValueError(
+        raise ParamsError(
             f"model.decode_dtype bfloat16 needs a CPU with native bf16 (AVX-512 BF16 or AMX; this one: {cpu_line()}); "
             "use auto (bfloat16 only where native) or float32"
         )

@@ -35,9 +35,9 @@ def start_stage(name: str, params_path: str = "params.yaml") -> Params:
     apply_numerics(params.model.numerics)  # before torch computes anything: it pins the kernel paths
     from orchestry.llm.decoding import use_products
 
-    try:  # a dtype this CPU cannot run (decode_dtype bfloat16 without native bf16): bad input, exit 2 as above
+    try:  # a dtype this CPU cannot run (decode_dtype bfloat16 without native bf16): bad params, exit 2 as above
         use_products(params.model.decode_products, params.model.decode_dtype)
-    except ValueError as e:
+    except ParamsError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     import torch

@@ -464,8 +464,8 @@ class LocalChat(_Base):
             "batch_size": self.batch_size,
             "stop_at_code_end": self.stop_at_code_end,
         }
-        decode = (decoding.PRODUCTS, "bfloat16" if decoding.DECODE_BF16 else "float32")
-        if decode != ("onednn", "float32"):
+        decode = decoding.decode_numerics()
+        if decode != decoding.DEFAULT_NUMERICS:
             identity["decoding"] = "/".join(decode)
         return identity
 

@@ -344,6 +344,16 @@ PRODUCTS = "onednn"
 DECODE_BF16 = False
 
 
+#: The decoder's numerics unless configured otherwise (``model.decode_products``, ``model.decode_dtype`` defaults).
+DEFAULT_NUMERICS = ("onednn", "float32")
+
+
+def decode_numerics() -> tuple[str, str]:
+    """``(products, operand dtype)`` of this process's decoder as resolved by :func:`use_products`, e.g.
+    ``("onednn", "float32")`` or ``("onednn", "bfloat16")``: what the machine record and response caches name."""
+    return PRODUCTS, "bfloat16" if DECODE_BF16 else "float32"
+
+
 def use_products(name: str, dtype: str = "float32") -> bool:
     """Set :data:`PRODUCTS` and :data:`DECODE_BF16` for this process (``model.decode_products``,
     ``model.decode_dtype``: ``float32``, ``bfloat16`` or ``auto``). Returns the resolved :data:`DECODE_BF16`.

@@ -660,7 +660,6 @@ def generate(
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
     from orchestry.llm import decoding
-    from orchestry.llm.decoding import LlamaDecoder, SharedPrefix
 
     t0 = time.time()
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
@@ -715,8 +714,8 @@ def generate(
                     # (tests/test_decoding.py), as the decoding steps need them
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=decoding.DECODE_BF16):
                         keys, values = _prefill_groups(model, ids, mask, groups, row_kwargs)
-                    prefix = SharedPrefix(keys, values, mask[groups[0], :-1], groups[1])
-                    decoder = LlamaDecoder(model, stacked, bare=bare)
+                    prefix = decoding.SharedPrefix(keys, values, mask[groups[0], :-1], groups[1])
+                    decoder = decoding.LlamaDecoder(model, stacked, bare=bare)
                 else:
                     kwargs["past_key_values"] = _prefix_cache(
                         model, ids, mask, groups, max_len=width + max_new_tokens, row_kwargs=row_kwargs
@@ -765,16 +764,14 @@ def _decoder_bare(model, stacked, adapter_names: Sequence[str] | None) -> bool |
     rows' adapters (False), or does not cover the model (None: ``model.generate`` decodes). A batch whose rows all
     name no adapter of the model (peft's ``"__base__"``), or a batch without adapter names inside peft's
     ``disable_adapter()``, runs the bare base model."""
-    from orchestry.llm.decoding import LlamaDecoder
+    from orchestry.llm.decoding import LlamaDecoder, lora_layer_class
 
     bare = False
     if stacked is None and has_adapters(model):
         if adapter_names is not None:
             bare = not set(adapter_names) & set(model.peft_config)
         else:
-            from peft.tuners.lora import LoraLayer
-
-            lora = [m for m in model.modules() if isinstance(m, LoraLayer)]
+            lora = [m for m in model.modules() if isinstance(m, lora_layer_class())]
             bare = bool(lora) and all(m.disable_adapters for m in lora)
     reason = LlamaDecoder.unsupported(model, stacked, bare)
     if reason:
