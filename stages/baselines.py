@@ -11,7 +11,7 @@ from orchestry.config import BASELINE_METHODS
 from orchestry.evaluation.baselines import run_method
 from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
-from orchestry.runtime import load_policy, open_sandbox, start_stage, write_json, write_jsonl
+from orchestry.runtime import load_policy, open_sandbox, run_stage, start_stage, write_json, write_jsonl
 from orchestry.tracking.metric_names import method_metrics
 from orchestry.tracking.runs import log_metrics, stage_run
 
@@ -65,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

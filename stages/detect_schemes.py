@@ -13,7 +13,7 @@ import pandas as pd
 from orchestry.analysis.schemes import SCHEMES, detect_scheme
 from orchestry.problems import read_problems
 from orchestry.rewards.code import extract_code
-from orchestry.runtime import read_jsonl, start_stage, write_json, write_jsonl
+from orchestry.runtime import read_jsonl, run_stage, start_stage, write_json, write_jsonl
 from orchestry.tracking.metric_names import scheme_metrics
 from orchestry.tracking.runs import log_metrics, stage_run
 
@@ -61,4 +61,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

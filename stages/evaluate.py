@@ -23,6 +23,7 @@ from orchestry.runtime import (
     load_policy,
     open_sandbox,
     read_jsonl,
+    run_stage,
     start_stage,
     write_json,
     write_jsonl,
@@ -189,4 +190,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -12,7 +12,15 @@ from pathlib import Path
 from orchestry.evaluation.agents import base_pair_settings, problems_fingerprint, score_pairs
 from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
-from orchestry.runtime import inputs_key, load_policy, open_sandbox, start_stage, write_json, write_jsonl
+from orchestry.runtime import (
+    inputs_key,
+    load_policy,
+    open_sandbox,
+    run_stage,
+    start_stage,
+    write_json,
+    write_jsonl,
+)
 from orchestry.tracking.metric_names import method_metrics
 from orchestry.tracking.runs import log_metrics, stage_run
 
@@ -56,4 +64,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

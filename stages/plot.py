@@ -19,7 +19,7 @@ from orchestry.reporting.plots_api_grpo import plot_api_grpo
 from orchestry.reporting.plots_orchestrator import plot_orchestrator
 from orchestry.reporting.report import ReportError, write_report
 from orchestry.reporting.results import results_markdown
-from orchestry.runtime import start_stage
+from orchestry.runtime import run_stage, start_stage
 from orchestry.tracking.runs import log_execution_metrics, stage_run
 
 OUT = Path("reports/figures")
@@ -61,4 +61,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -13,7 +13,7 @@ from orchestry.problems import (
     make_problem,
     split_problems,
 )
-from orchestry.runtime import open_sandbox, start_stage, write_json, write_jsonl
+from orchestry.runtime import open_sandbox, run_stage, start_stage, write_json, write_jsonl
 from orchestry.tracking.metric_names import prepare_metrics
 from orchestry.tracking.runs import log_metrics, stage_run
 
@@ -108,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

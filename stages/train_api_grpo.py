@@ -20,7 +20,7 @@ from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
 from orchestry.overrides import OverrideError, read_overrides
 from orchestry.problems import read_problems
-from orchestry.runtime import open_sandbox, start_stage
+from orchestry.runtime import open_sandbox, run_stage, start_stage
 from orchestry.tracking.metric_names import api_grpo_summary_name, renamed
 from orchestry.tracking.runs import log_metrics, stage_run
 from orchestry.training.api_grpo import open_clients, run_api_grpo
@@ -99,4 +99,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

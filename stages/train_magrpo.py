@@ -28,6 +28,7 @@ from orchestry.runtime import (
     open_sandbox,
     relaunch_under_accelerate,
     repo_root,
+    run_stage,
     stage_inputs_key,
     start_stage,
     write_json,
@@ -160,4 +161,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

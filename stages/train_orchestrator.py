@@ -18,7 +18,7 @@ from orchestry.analysis.metrics import flat_numbers as _flat_numbers
 from orchestry.llm.backends import BackendConfigError
 from orchestry.llm.cost import PriceError
 from orchestry.problems import read_problems
-from orchestry.runtime import open_sandbox, start_stage
+from orchestry.runtime import open_sandbox, run_stage, start_stage
 from orchestry.tracking.metric_names import orchestrator_summary_name, renamed
 from orchestry.tracking.runs import log_metrics, stage_run
 from orchestry.training.orchestrator import open_clients, run_orchestrator
@@ -75,4 +75,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)
