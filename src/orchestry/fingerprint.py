@@ -42,3 +42,17 @@ def folder_fingerprint(path: str | Path, skip: Collection[str] = ()) -> str:
             h.update(f"{f.name}:{size}".encode())
             update_with_head_and_tail(h, f, size)
     return h.hexdigest()[:16]
+
+
+def package_fingerprint(root: str | Path | None = None) -> str:
+    """16 hex digits of SHA-256 over the relative paths and bytes of every ``*.py`` file under ``root`` (default:
+    the installed ``orchestry`` package), in path order: any change to the code gives another fingerprint.
+
+    Raises:
+        OSError: a file cannot be read.
+    """
+    root = Path(root) if root is not None else Path(__file__).parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]

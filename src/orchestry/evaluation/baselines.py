@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from orchestry.config import SamplingParams
 from orchestry.llm.local import chat_prompt
-from orchestry.llm.sampling import SampledText, sample_texts
+from orchestry.llm.sampling import SampleCache, SampledText, sample_texts
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, SINGLE_SYSTEM, Problem
 from orchestry.progress import progress_bar
 from orchestry.rewards.code import extract_code, level_rewards, single_rewards
@@ -71,9 +71,9 @@ class _Sampler:
     """:func:`sample_texts` with a run's fixed arguments: ``sample(prompts, agents, offset)`` decodes the rendered
     ``prompts`` (one adapter name per row, or None for the bare model) at seed ``seed + offset``."""
 
-    def __init__(self, model, tokenizer, sampling, seed, batch_size, adapters, bar):
+    def __init__(self, model, tokenizer, sampling, seed, batch_size, adapters, bar, cache=None):
         self.model, self.tokenizer, self.sampling, self.seed = model, tokenizer, sampling, seed
-        self.batch_size, self.adapters, self.bar = batch_size, adapters, bar
+        self.batch_size, self.adapters, self.bar, self.cache = batch_size, adapters, bar, cache
 
     def render(self, system: str, user: str) -> str:
         return chat_prompt(self.tokenizer, user, system)
@@ -89,6 +89,7 @@ class _Sampler:
             self.seed + offset,
             self.batch_size,
             self.bar,
+            None if self.adapters else self.cache,
         )
 
 
@@ -124,7 +125,8 @@ def _sequential(ps: list[Problem], sample: _Sampler) -> Pair:
 
 
 def _discussion(ps: list[Problem], sample: _Sampler) -> Pair:
-    """One round: both drafts in one batch, then both revisions (each seeing the other's draft) in one batch."""
+    """One round: both drafts in one batch, then both revisions (each seeing the other's draft) in one batch. The
+    drafts are ``concat``'s call (same prompts, seed and batches): with a sample store they are read, not decoded."""
     n = len(ps)
     h1, m1 = _concat(ps, sample)
     hc = [extract_code(g.text)[0] for g in h1]
@@ -175,12 +177,15 @@ def run_method(
     batch_size: int = 32,
     adapters: bool = False,
     progress: bool = True,
+    cache: SampleCache | None = None,
 ) -> list[dict]:
     """Generate and score ``num_samples`` samples per problem with ``method``.
 
     Args:
         adapters: use the peft adapters named ``helper`` and ``main`` (per-row) instead of the bare model.
         progress: allow the progress bars (module docstring); ``False`` never draws them.
+        cache: the bare model's store of earlier calls (:class:`orchestry.llm.sampling.SampleCache`): a call made
+            before (``discussion``'s drafts are ``concat``'s call) is read, not decoded again; unused with adapters.
 
     Returns:
         one record per (problem, sample), ordered by problem then sample.
@@ -195,7 +200,7 @@ def run_method(
     ps = [p for p, _ in jobs]
     calls = _generate_calls(method, len(jobs), batch_size)
     with progress_bar(calls, f"{method}: generate", "batch", enable=progress) as gen_bar:
-        sample = _Sampler(model, tokenizer, sampling, seed, batch_size, adapters, gen_bar)
+        sample = _Sampler(model, tokenizer, sampling, seed, batch_size, adapters, gen_bar, cache)
         helpers, mains = _GENERATE[method](ps, sample)
     rewards = _score(method, ps, helpers, mains, sandbox, max(1, batch_size), progress)
     records = []

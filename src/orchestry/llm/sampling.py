@@ -1,13 +1,22 @@
 """One sampled completion per prompt for many prompts, ``batch_size`` prompts per batched ``generate`` call: what
-the baselines, ``evaluate`` and the registered model's ``predict`` decode with (:func:`sample_texts`)."""
+the baselines, ``evaluate`` and the registered model's ``predict`` decode with (:func:`sample_texts`); and the
+store of earlier calls' completions that lets a call made twice decode once (:class:`SampleCache`)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
+import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from orchestry.config import SamplingParams
 from orchestry.llm.local import generate
+
+log = logging.getLogger("orchestry.llm.sampling")
 
 
 @dataclass
@@ -22,6 +31,67 @@ class SampledText:
     truncated: bool = False  # the (last round's) completion reached max_completion_length
 
 
+class SampleCache:
+    """The completions of earlier :func:`sample_texts` calls of a bare model (no adapters), one JSON file per call
+    under ``root``: with the baselines' store (``.orchestry/samples/``), ``baselines@discussion``'s first drafts
+    are ``baselines@concat``'s samples (the same prompts, seed and batches), decoded once per pipeline run.
+
+    A call's key is the SHA-256 of ``identity`` (everything else a sample depends on: the model folder's
+    fingerprint and dtype, the decoder's numerics, the machine record, the code's fingerprint) and of the call's
+    prompts, sampling parameters, seed and batch size. :meth:`get` returns the stored completions (texts, token
+    counts, the seconds measured when they were decoded, truncation) or None; ``hits`` and ``misses`` count
+    lookups. Files are written whole (a temporary file renamed into place), so processes sharing the folder never
+    read half a file; a file that cannot be read or parsed is a miss, and a failed write is logged and loses
+    nothing but the reuse.
+
+    Args:
+        root: the folder (created on the first write).
+        identity: JSON-serialisable; two stores with different identities never share a call.
+    """
+
+    def __init__(self, root: str | Path, identity: dict):
+        self.root = Path(root)
+        self.identity = json.dumps(identity, sort_keys=True)
+        self.hits = self.misses = 0
+
+    def key(self, prompts: Sequence[str], sampling: SamplingParams, seed: int, batch_size: int) -> str:
+        """SHA-256 hex of the identity and the call's arguments."""
+        call = {
+            "prompts": list(prompts),
+            "sampling": sampling.model_dump(mode="json"),
+            "seed": seed,
+            "batch_size": batch_size,
+        }
+        payload = json.dumps({"identity": self.identity, "call": call}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        return self.root / f"{key}.json"
+
+    def get(self, key: str, n: int) -> list[SampledText] | None:
+        """The ``n`` completions stored under ``key``, or None (none stored, unreadable, or not ``n`` of them)."""
+        try:
+            rows = json.loads(self._path(key).read_text())
+            texts = [SampledText(**row) for row in rows]
+        except (OSError, ValueError, TypeError):
+            texts = None
+        if texts is None or len(texts) != n:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return texts
+
+    def put(self, key: str, texts: Sequence[SampledText]) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".json")
+            with os.fdopen(fd, "w") as fh:
+                json.dump([asdict(t) for t in texts], fh)
+            os.replace(tmp, self._path(key))
+        except OSError as e:
+            log.error("could not store samples under %s: %s", self.root, e)
+
+
 def sample_texts(
     model,
     tokenizer,
@@ -31,12 +101,31 @@ def sample_texts(
     seed: int,
     batch_size: int = 32,
     bar=None,
+    cache: SampleCache | None = None,
 ) -> list[SampledText]:
-    """Sample one completion per rendered prompt, ``batch_size`` rows per ``generate`` call.
+    """Sample one completion per rendered prompt, ``batch_size`` rows per ``generate`` call (seed ``seed + start``
+    for the call from row ``start``).
 
     ``bar``: an optional progress bar (:func:`orchestry.progress.progress_bar`) advanced by one per call, its
-    postfix the call's completion tokens per second.
+    postfix the call's completion tokens per second. ``cache``: a :class:`SampleCache` of the bare model; the
+    completions of a call already in it are returned without decoding (the bar jumps over its calls), the others
+    are stored in it.
+
+    Raises:
+        ValueError: ``cache`` with ``adapters`` (the store's identity names no adapter weights).
     """
+    if cache is not None:
+        if adapters is not None:
+            raise ValueError("a SampleCache holds the bare model's samples: it cannot be used with adapters")
+        key = cache.key(prompts, sampling, seed, batch_size)
+        stored = cache.get(key, len(prompts))
+        if stored is not None:
+            if bar is not None:
+                bar.update(-(-len(prompts) // max(1, batch_size)))
+            return stored
+        out = sample_texts(model, tokenizer, prompts, None, sampling, seed, batch_size, bar)
+        cache.put(key, out)
+        return out
     out: list[SampledText] = []
     for start in range(0, len(prompts), batch_size):
         chunk = list(prompts[start : start + batch_size])
