@@ -111,3 +111,56 @@ def test_lora_training_pass_gradients_are_autograds_bit_for_bit(tiny_llama, bf16
     assert ref[1] and ref[1].keys() == lean[1].keys()
     assert all(torch.equal(ref[1][n], lean[1][n]) for n in ref[1])
     assert lean[2] < ref[2]
+
+
+def test_cast_once_gives_the_same_bits_and_drops_its_copies(tiny_llama):
+    """A warm-start pass (completion_logprobs: the packed path, the chunked LM head) under bf16 autocast gives the
+    same log-probs and adapter gradients with one cast per weight for the block as with casts at every call."""
+    from orchestry.llm.decoding import use_decode_kernels
+    from orchestry.llm.local import attach_adapters, completion_logprobs
+
+    model = tiny_llama(64, seed=3)
+    use_decode_kernels(model)
+    peft_model = attach_adapters(model, ["helper"], r=4, alpha=8, seed=0)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.3)
+    peft_model.train()
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(1, 64, (3, 14), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # a left-padded prompt
+    mask[1, 12:] = 0  # a shorter completion
+
+    def run():
+        peft_model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, tok_lp, tmask = completion_logprobs(peft_model, ids, mask, 8)
+        (-tok_lp.sum() / tmask.sum()).backward()
+        grads = {n: p.grad.clone() for n, p in peft_model.named_parameters() if p.grad is not None}
+        return tok_lp.detach(), grads
+
+    ref = run()
+    with frozen.cast_once(peft_model, torch.bfloat16) as made:
+        frozen_2d = [p for p in peft_model.parameters() if not p.requires_grad and p.dim() == 2]
+        assert made == len(frozen_2d) > 0 and len(frozen._CASTS) == made
+        once = run()
+    assert not frozen._CASTS
+    assert torch.equal(ref[0], once[0])
+    assert ref[1] and ref[1].keys() == once[1].keys()
+    assert all(torch.equal(ref[1][n], once[1][n]) for n in ref[1])
+
+
+def test_weight_cast_outside_or_after_an_in_place_change_casts_afresh():
+    weight = torch.randn(5, 4)
+    assert torch.equal(frozen.weight_cast(weight, torch.bfloat16), weight.to(torch.bfloat16))
+    module = torch.nn.Linear(4, 5, bias=False).requires_grad_(False)
+    with frozen.cast_once(module, torch.bfloat16):
+        first = frozen.weight_cast(module.weight, torch.bfloat16)
+        assert frozen.weight_cast(module.weight, torch.bfloat16) is first  # the copy made on entry
+        with torch.no_grad():
+            module.weight.mul_(2.0)  # changed in place: the copy is stale
+        fresh = frozen.weight_cast(module.weight, torch.bfloat16)
+        assert fresh is not first and torch.equal(fresh, module.weight.to(torch.bfloat16))
+        assert frozen.weight_cast(module.weight, torch.float16).dtype == torch.float16

@@ -67,3 +67,16 @@ def test_inside_an_accelerate_launch_the_rank_exits_normally(tmp_path):
     assert res.returncode == 0
     assert res.stdout == "no newline at the end"
     assert (tmp_path / "teardown.txt").read_text() == "ran"
+
+
+def test_under_a_profiler_the_process_exits_normally_and_the_profile_is_written(tmp_path):
+    (tmp_path / "stage.py").write_text(SCRIPT)
+    res = subprocess.run(
+        [sys.executable, "-m", "cProfile", "-o", "stage.prof", "stage.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "stage.prof").stat().st_size > 0
+    assert (tmp_path / "teardown.txt").read_text() == "ran"

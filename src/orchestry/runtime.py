@@ -59,10 +59,11 @@ def run_stage(main: Callable[[], None]) -> NoReturn:
     ``main`` must have closed what it wrote (the stage scripts write with ``with`` blocks and end their MLflow run
     and sandbox in context managers). An exception or ``SystemExit`` from ``main`` (bad params: exit 2, a failed
     stage: its traceback and exit 1) leaves as usual, through the normal teardown; so does a process inside an
-    ``accelerate launch`` (``WORLD_SIZE`` set), whose launcher waits for every rank.
+    ``accelerate launch`` (``WORLD_SIZE`` set), whose launcher waits for every rank, and one run under a profiler
+    or tracer (``python -m cProfile``, ``python -m trace``, a debugger), which writes its results after the script.
     """
     main()
-    if "WORLD_SIZE" in os.environ:
+    if "WORLD_SIZE" in os.environ or sys.getprofile() is not None or sys.gettrace() is not None:
         raise SystemExit(0)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -8,6 +8,7 @@ well under a second (:func:`load_model`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import json
 import logging
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from orchestry.llm.frozen import weight_cast
 
 log = logging.getLogger("orchestry.llm")
 
@@ -51,7 +54,7 @@ def convert_embedded_model(out_dir: str | Path) -> dict:
         ``out_dir`` gets the same without ``seconds``: the folder is a DVC output, and a wall time in it changed
         its hash on every run, so every re-run of ``prepare`` re-ran the whole pipeline.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.time()
     folder = embedded_gguf_dir()
@@ -59,7 +62,7 @@ def convert_embedded_model(out_dir: str | Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=EMBEDDED_GGUF)
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=EMBEDDED_GGUF)
+    config = copy.deepcopy(gguf_model.config)  # the GGUF's config, without parsing the file once more (~2 s)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -841,7 +844,9 @@ class _TokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, targets, chunk, dtype):
-        w = weight.to(dtype)  # autocast's cast of the frozen head, made again in the backward (not kept)
+        w = weight_cast(
+            weight, dtype
+        )  # autocast's cast of the frozen head, made again in the backward (not kept)
         logits = [torch.nn.functional.linear(h[i : i + chunk], w) for i in range(0, h.shape[0], chunk)]
         out = [
             torch.log_softmax(x.float(), dim=-1)
@@ -856,7 +861,7 @@ class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         weight, targets, *logits = ctx.saved_tensors
-        weight = weight.to(ctx.dtype)
+        weight = weight_cast(weight, ctx.dtype)
         parts = []
         for i, x in enumerate(logits):
             rows = slice(i * ctx.chunk, (i + 1) * ctx.chunk)

@@ -19,6 +19,7 @@ separate from the MAGRPO optimizers, whose moments start at zero after the warm 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -27,6 +28,7 @@ from dataclasses import replace
 import torch
 
 from orchestry.generators.compositional import delegated_decomposition, reference_decomposition
+from orchestry.llm.frozen import cast_once
 from orchestry.llm.local import adapter_parameters, chat_prompt, completion_logprobs
 from orchestry.numerics import bf16_autocast
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
@@ -158,6 +160,17 @@ def warm_start(tr: Trainer, bf16: bool, epochs: int) -> dict:
     )
     out: dict = {"epochs": epochs, "examples": len(examples["main"]), "steps": 0}
     tr.model.train()
+    # bf16: one cast of each frozen weight for the whole warm start (no decoding in between), not two per pass
+    casts = cast_once(tr.model, torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with casts:
+        _train_agents(tr, examples, epochs, bf16, out)
+    out["seconds"] = time.time() - t0
+    return out
+
+
+def _train_agents(tr: Trainer, examples: dict, epochs: int, bf16: bool, out: dict) -> None:
+    """:func:`warm_start`'s loop: each agent's epochs of clipped AdamW steps, the losses into ``out``."""
+    cfg = tr.cfg
     for agent in tr.agents:
         params = adapter_parameters(tr.model, agent)
         opt = torch.optim.AdamW(params, lr=cfg.warm_start_lr, weight_decay=cfg.weight_decay)
@@ -186,5 +199,3 @@ def warm_start(tr: Trainer, bf16: bool, epochs: int) -> dict:
             out[f"loss/{agent}/last"] = mean
             log.info("warm start %s epoch %d/%d: loss %.3f", agent, epoch + 1, epochs, mean)
         opt.zero_grad(set_to_none=True)
-    out["seconds"] = time.time() - t0
-    return out
