@@ -1,7 +1,7 @@
 """bf16 decoding against fp32 decoding, pooled over seeds: python compare_arms.py --fp32 DIR ... --bf16 DIR ...
 
-Each DIR is one seed's folder (base.jsonl, magrpo.jsonl, humaneval_*.jsonl). For the trained pairs and the base
-pairs on the generated test split and on HumanEval: each arm's per-problem pass rate over all its seeds' samples,
+Each DIR is one seed's folder (base.jsonl, magrpo.jsonl, humaneval_*.jsonl; easy40/ and external/: the 40 easy
+problems written by others and the 40 easy MBPP problems). For the trained pairs and the base pairs on each set: each arm's per-problem pass rate over all its seeds' samples,
 and bf16 - fp32 with a 95 % percentile bootstrap over problems (orchestry.reporting.compare.paired_comparison,
 paired by problem). Also each seed's trained and base pass@1.
 """
@@ -11,9 +11,11 @@ from pathlib import Path
 
 from orchestry.reporting.compare import paired_comparison, read_samples
 
-SETS = {
+SETS = {  # set: (base pair's file, trained pair's file) in a seed's folder
     "generated test": ("base.jsonl", "magrpo.jsonl"),
     "HumanEval": ("humaneval_base.jsonl", "humaneval_magrpo.jsonl"),
+    "easy40": ("easy40/base.jsonl", "easy40/magrpo.jsonl"),
+    "MBPP easy": ("external/base.jsonl", "external/magrpo.jsonl"),
 }
 
 
