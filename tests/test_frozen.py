@@ -69,22 +69,28 @@ def test_silu_mul_matches_autograd_and_keeps_two_tensors(dtype):
     assert (a[3], b[3]) == (3, 2)
 
 
-@pytest.mark.parametrize("bf16", [True, False])
-def test_lora_training_pass_gradients_are_autograds_bit_for_bit(tiny_llama, bf16):
-    """A LoRA model under the decoding kernels (DecodeLinear, the lean MLP): the same log-probs and adapter
-    gradients with and without orchestry.llm.frozen, and fewer bytes kept for the backward with it."""
+def _lora_model(tiny_llama, seed: int):
+    """A tiny random Llama (vocabulary 64) under the decoding kernels (DecodeLinear, the lean MLP) with one LoRA
+    adapter, ``helper``, whose B matrices are random (so the adapter changes the outputs), in training mode."""
     from orchestry.llm.decoding import use_decode_kernels
     from orchestry.llm.local import attach_adapters
 
-    model = tiny_llama(64, seed=2)
+    model = tiny_llama(64, seed=seed)
     use_decode_kernels(model)
-    assert type(model.model.layers[0].mlp).__name__ == "LeanLlamaMLP"
     peft_model = attach_adapters(model, ["helper"], r=4, alpha=8, seed=0)
     with torch.no_grad():
         for n, p in peft_model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0.0, 0.3)
-    peft_model.train()
+    return peft_model.train()
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_lora_training_pass_gradients_are_autograds_bit_for_bit(tiny_llama, bf16):
+    """A LoRA model under the decoding kernels (DecodeLinear, the lean MLP): the same log-probs and adapter
+    gradients with and without orchestry.llm.frozen, and fewer bytes kept for the backward with it."""
+    peft_model = _lora_model(tiny_llama, seed=2)
+    assert type(peft_model.get_base_model().model.layers[0].mlp).__name__ == "LeanLlamaMLP"
     ids = torch.randint(0, 64, (3, 11), generator=torch.Generator().manual_seed(5))
     params = {p.untyped_storage().data_ptr() for p in peft_model.parameters()}
 
@@ -116,17 +122,9 @@ def test_lora_training_pass_gradients_are_autograds_bit_for_bit(tiny_llama, bf16
 def test_cast_once_gives_the_same_bits_and_drops_its_copies(tiny_llama):
     """A warm-start pass (completion_logprobs: the packed path, the chunked LM head) under bf16 autocast gives the
     same log-probs and adapter gradients with one cast per weight for the block as with casts at every call."""
-    from orchestry.llm.decoding import use_decode_kernels
-    from orchestry.llm.local import attach_adapters, completion_logprobs
+    from orchestry.llm.local import completion_logprobs
 
-    model = tiny_llama(64, seed=3)
-    use_decode_kernels(model)
-    peft_model = attach_adapters(model, ["helper"], r=4, alpha=8, seed=0)
-    with torch.no_grad():
-        for n, p in peft_model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0.0, 0.3)
-    peft_model.train()
+    peft_model = _lora_model(tiny_llama, seed=3)
     gen = torch.Generator().manual_seed(7)
     ids = torch.randint(1, 64, (3, 14), generator=gen)
     mask = torch.ones_like(ids)
