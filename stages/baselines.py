@@ -1,10 +1,13 @@
-"""Stage `baselines@<method>`: single / concat / sequential / discussion with the base model on the test split.
+"""Stage `baselines`: single / concat / sequential / discussion with the base model on the test split.
 
-The methods share a store of the bare model's samples (:func:`sample_cache`): discussion's first drafts are the
-very call concat makes (same prompts, seed and batches), so whichever of the two runs second reads it instead of
-decoding it again (about a third of discussion's decoding time on the defaults)."""
+Every method of ``baselines.methods`` runs in this one process, in that order, on one loaded model and one sandbox
+(a process per method paid the imports, the model's load and MLflow's start-up four times: ~20 s of the default
+run). Each method's samples are drawn with ``baselines.seed`` from the same state as when it ran alone, so its
+records do not depend on which other methods run. The methods share a store of the bare model's samples
+(:func:`sample_cache`): discussion's first drafts are the very call concat makes (same prompts, seed and batches),
+so they are read instead of decoded again (about a third of discussion's decoding time on the defaults), and a
+queued experiment with the same inputs reads every call."""
 
-import argparse
 import json
 import logging
 import time
@@ -13,7 +16,6 @@ from pathlib import Path
 import mlflow
 
 from orchestry.analysis.metrics import summarize
-from orchestry.config import BASELINE_METHODS
 from orchestry.evaluation.baselines import run_method
 from orchestry.fingerprint import folder_fingerprint, package_fingerprint
 from orchestry.llm.decoding import decode_numerics
@@ -33,6 +35,8 @@ from orchestry.tracking.metric_names import method_metrics
 from orchestry.tracking.runs import log_metrics, stage_run
 
 log = logging.getLogger("baselines")
+#: ``<method>.jsonl`` (every sample) and ``<method>.json`` (its summary, seconds and machine) per method.
+OUT = Path("reports/baselines")
 
 
 def sample_cache(params) -> SampleCache:
@@ -54,55 +58,45 @@ def sample_cache(params) -> SampleCache:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--method", required=True, choices=BASELINE_METHODS)
-    args = ap.parse_args()
-    params = start_stage(f"baselines@{args.method}")
+    params = start_stage("baselines")
     cfg = params.baselines
     problems = read_problems("data/problems/test.jsonl")[: cfg.max_problems]
-    logged = {
-        **cfg.model_dump(),
-        "method": args.method,
-        **params.sampling.model_dump(),
-        **params.model.model_dump(),
-    }
-    with stage_run(f"baselines@{args.method}", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
-        t0 = time.time()
+    logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
+    with stage_run("baselines", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
         model, tok = load_policy(params)
-        cache = sample_cache(params)  # discussion's drafts: concat's samples, when concat ran here before
+        cache = sample_cache(params)  # discussion's drafts: concat's samples, drawn just before
+        OUT.mkdir(parents=True, exist_ok=True)
+        totals = {"cost/prompt_tokens": 0, "cost/completion_tokens": 0}
         with open_sandbox(params) as sb:
-            records = run_method(
-                args.method,
-                problems,
-                model,
-                tok,
-                sb,
-                params.sampling,
-                cfg.num_samples,
-                cfg.seed,
-                cfg.batch_size,
-                cache=cache,
-            )
-        seconds = time.time() - t0
-        iv = params.intervals
-        summary = summarize(records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples)
-        summary["seconds"] = seconds
-        summary["machine"] = machine_info()  # what the seconds (and the low bits) depend on
-        out = f"reports/baselines/{args.method}.jsonl"
-        write_jsonl(out, records)
-        write_json(f"reports/baselines/{args.method}.json", summary)
-        log_metrics(method_metrics("test", f"baseline_{args.method}", summary))
-        if cache.hits:  # discussion's drafts: concat's call, decoded by baselines@concat before
-            log.info("%d sample_texts call(s) read from %s, not decoded again", cache.hits, cache.root)
-        log_metrics(
-            {
-                "cost/prompt_tokens": sum(r["prompt_tokens"] for r in records),
-                "cost/completion_tokens": sum(r["completion_tokens"] for r in records),
-                "cost/usd": 0.0,
-            }
-        )
-        mlflow.log_artifact(out, "samples")
-        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}))
+            for method in cfg.methods:
+                t0, hits = time.time(), cache.hits
+                records = run_method(
+                    method,
+                    problems,
+                    model,
+                    tok,
+                    sb,
+                    params.sampling,
+                    cfg.num_samples,
+                    cfg.seed,
+                    cfg.batch_size,
+                    cache=cache,
+                )
+                iv = params.intervals
+                summary = summarize(records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples)
+                summary["seconds"] = time.time() - t0  # this method's sampling and scoring (one shared load)
+                summary["machine"] = machine_info()  # what the seconds (and the low bits) depend on
+                write_jsonl(OUT / f"{method}.jsonl", records)
+                write_json(OUT / f"{method}.json", summary)
+                log_metrics(method_metrics("test", f"baseline_{method}", summary))
+                if cache.hits > hits:  # discussion's drafts: concat's call, decoded just before
+                    log.info("%s: %d sampling call(s) read from %s", method, cache.hits - hits, cache.root)
+                totals["cost/prompt_tokens"] += sum(r["prompt_tokens"] for r in records)
+                totals["cost/completion_tokens"] += sum(r["completion_tokens"] for r in records)
+                mlflow.log_artifact(str(OUT / f"{method}.jsonl"), "samples")
+                brief = {k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}
+                print(json.dumps({"method": method, **{k: v for k, v in brief.items() if k != "machine"}}))
+        log_metrics({**totals, "cost/usd": 0.0})
 
 
 if __name__ == "__main__":

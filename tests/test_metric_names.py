@@ -64,8 +64,8 @@ def read_vocabulary(markdown: str) -> list[tuple[str, set[str]]]:
 
 
 def documented(name: str, stage: str, vocabulary: list[tuple[str, set[str]]]) -> bool:
-    """``name`` is one of ``vocabulary``'s (:func:`read_vocabulary`) documented for ``stage`` (``baselines@<m>``
-    counts as ``baselines``; ``every stage`` matches all)."""
+    """``name`` is one of ``vocabulary``'s (:func:`read_vocabulary`) documented for ``stage`` (``baselines@<m>``, a
+    stage of runs before the baselines became one stage, counts as ``baselines``; ``every stage`` matches all)."""
     stage = stage.split("@")[0]
     return any(
         (stage in stages or "every stage" in stages) and vocabulary_pattern(v).match(name)
@@ -153,7 +153,8 @@ def _logged_by_stage() -> dict[str, dict[str, float]]:
             {**train, "coach_usd": 0.1, "coach_calls": 3, "warm_start_loss_helper_last": 1}
         )
         | {"cost/prompt_tokens": 1},
-        "baselines@single": method_metrics("test", "baseline_single", s)
+        "baselines": method_metrics("test", "baseline_single", s)
+        | method_metrics("test", "baseline_discussion", s)
         | {"cost/prompt_tokens": 1, "cost/completion_tokens": 1, "cost/usd": 0.0},
         "evaluate": evaluate,
         "evaluate_base": evaluate_base,
@@ -215,7 +216,8 @@ def test_no_bare_names_and_the_issue_examples_are_gone():
     assert {"train/reward", "train/tests", "train/prompt_tokens", "cost/prompt_tokens"} <= set(magrpo)
     assert not any(n.startswith(("summary/", "tokens/", "scheme/")) for n in magrpo)
     # the baselines' reward is the test-set mean under the method's name, never the bare `reward`
-    assert "test/baseline_single/reward" in logged["baselines@single"]
+    assert {"test/baseline_single/reward", "test/baseline_discussion/reward"} <= set(logged["baselines"])
+    assert "cost/baseline_single/seconds" in logged["baselines"]  # each method's own seconds
     orch = logged["train_orchestrator"]
     assert "test/orchestrator/learned-all_in_order/objective_ci_high" in orch
     assert max(len(n) for n in orch) < 60 and not any(n.endswith("/n") for n in orch)
@@ -238,7 +240,7 @@ def test_a_stage_run_logs_documented_names_and_is_tagged(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     logged = _logged_by_stage()
     try:
-        for stage in ("train_magrpo", "baselines@single", "evaluate"):
+        for stage in ("train_magrpo", "baselines", "evaluate"):
             with stage_run(stage, {}, "orchestry", uri=uri) as run:
                 rec = _step_record()
                 for step in range(2):

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 BaselineMethod = Literal["single", "concat", "sequential", "discussion"]
 BASELINE_METHODS: tuple[str, ...] = get_args(BaselineMethod)
-"""The MAGRPO paper's baselines (``baselines.methods``, ``stages/baselines.py --method``)."""
+"""The MAGRPO paper's baselines (``baselines.methods``, run in this order by ``stages/baselines.py``)."""
 AdvantageMode = Literal["mean", "mean_std", "rloo", "max", "raw"]
 ADVANTAGE_MODES: tuple[str, ...] = get_args(AdvantageMode)
 """Group-relative modes of :func:`orchestry.algorithms.magrpo.group_advantages`."""
@@ -143,7 +143,7 @@ class BaselinesParams(_Section):
     methods: list[BaselineMethod] = Field(
         default_factory=lambda: list(BASELINE_METHODS),
         min_length=1,
-        description=f"expanded by dvc.yaml's matrix into one stage per method: {' | '.join(BASELINE_METHODS)}",
+        description=f"run in this order by the baselines stage, one process: {' | '.join(BASELINE_METHODS)}",
     )
     num_samples: int = Field(1, ge=1, le=1000, description="samples per problem (k of pass@k)")
     max_problems: int | None = Field(

@@ -53,7 +53,7 @@ def run_stage(main: Callable[[], None]) -> NoReturn:
     """Run a stage script's ``main`` and end the process as soon as it returns: the exit handlers run (``atexit``:
     MLflow's, logging's flush, multiprocessing's join of its children, ...), the standard streams are flushed, and
     the process exits with code 0 without the interpreter's teardown of its modules, which takes 1-2 s once torch,
-    transformers and MLflow are imported (``baselines@single``: 1.9 s from its last line to the process's end, 0.14
+    transformers and MLflow are imported (one baseline's process: 1.9 s from its last line to the process's end, 0.14
     s this way) and is paid once per stage of every ``dvc repro``.
 
     ``main`` must have closed what it wrote (the stage scripts write with ``with`` blocks and end their MLflow run

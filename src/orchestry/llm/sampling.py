@@ -33,8 +33,8 @@ class SampledText:
 
 class SampleCache:
     """The completions of earlier :func:`sample_texts` calls of a bare model (no adapters), one JSON file per call
-    under ``root``: with the baselines' store (``.orchestry/samples/``), ``baselines@discussion``'s first drafts
-    are ``baselines@concat``'s samples (the same prompts, seed and batches), decoded once per pipeline run.
+    under ``root``: with the baselines' store (``.orchestry/samples/``), discussion's first drafts are
+    concat's samples (the same prompts, seed and batches), decoded once per pipeline run.
 
     A call's key is the SHA-256 of ``identity`` (everything else a sample depends on: the model folder's
     fingerprint and dtype, the decoder's numerics, the machine record, the code's fingerprint) and of the call's

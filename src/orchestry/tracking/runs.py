@@ -309,8 +309,9 @@ def stage_run(
 
 
 def cached_run_tag(stage: str) -> str:
-    """The parent-run tag that links ``stage`` (DVC's name, e.g. ``baselines@single``) to the run that made its
-    outputs: ``cached_run.<stage>``, ``@`` written ``_at_`` (MLflow rejects ``@`` in tag names)."""
+    """The parent-run tag that links ``stage`` (DVC's name, e.g. ``evaluate``, or ``name@item`` of a matrix stage)
+    to the run that made its outputs: ``cached_run.<stage>``, ``@`` written ``_at_`` (MLflow rejects ``@`` in tag
+    names)."""
     return CACHED_RUN_PREFIX + metric_name(stage)
 
 
