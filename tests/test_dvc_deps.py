@@ -374,11 +374,16 @@ def test_checkpoint_resume_key_covers_every_file_the_stage_runs(name):
     assert not missing, f"stage {name}: files the resume key does not hash: " + ", ".join(missing)
 
 
-def test_stage_inputs_refuses_templated_stages():
+def test_stage_inputs_refuses_templated_stages(tmp_path):
     from orchestry.runtime import stage_inputs
 
+    dvc_yaml = tmp_path / "dvc.yaml"
+    dvc_yaml.write_text(
+        "stages:\n  sweep:\n    matrix:\n      seed: [0, 1]\n    cmd: python run.py --seed ${item.seed}\n"
+        "    deps:\n      - run.py\n    outs:\n      - out/${item.seed}.json\n"
+    )
     with pytest.raises(ValueError, match="templated"):
-        stage_inputs("baselines", ROOT / "dvc.yaml")
+        stage_inputs("sweep", dvc_yaml)
 
 
 # ---------------------------------------------------------------- dvc.yaml hygiene: metrics and plots once

@@ -30,6 +30,7 @@ def test_dvc_repro_micro_pipeline(tmp_path):
         "reports/prepare.json",
         "reports/baselines/single.jsonl",
         "reports/baselines/discussion.json",
+        "reports/baselines.json",
         "models/adapters/magrpo/helper/adapter_config.json",
         "models/adapters/magrpo/main/adapter_model.safetensors",
         "reports/index.html",

@@ -103,3 +103,27 @@ def test_discussion_reads_concat_s_call_and_gives_the_same_records(
         assert (cache.hits, cache.misses) == (1, 2)  # the drafts read, the revisions decoded
         decoded = run_method("discussion", *args, sb, **kwargs)
     assert strip(reused) == strip(decoded)
+
+
+def test_a_method_s_records_do_not_depend_on_the_methods_run_before_it(model, embedded_tokenizer) -> None:
+    """The baselines stage runs every method in one process: each one's samples must be those it draws alone,
+    whatever the methods before it left in the global random states."""
+    import random
+
+    import torch
+
+    problems = [make_problem(g.record) for g in generate(3, 1, seed=0)]
+    args = (problems, model, embedded_tokenizer)
+    kwargs = {"sampling": SAMPLING, "num_samples": 2, "seed": 1, "batch_size": 4, "progress": False}
+
+    def strip(records):
+        return [{k: v for k, v in r.items() if "seconds" not in k} for r in records]
+
+    with Sandbox(timeout_s=2.0, max_workers=1) as sb:
+        torch.manual_seed(0)
+        alone = run_method("sequential", *args, sb, **kwargs)
+        run_method("single", *args, sb, **kwargs)
+        torch.rand(7), random.random()  # whatever else a method before it may draw
+        after = run_method("sequential", *args, sb, **kwargs)
+    assert strip(alone) == strip(after)
+    assert len({r["main"] for r in alone}) > 1  # sampled, not one repeated text
