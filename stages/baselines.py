@@ -37,8 +37,8 @@ from orchestry.tracking.runs import log_metrics, stage_run
 log = logging.getLogger("baselines")
 #: ``<method>.jsonl`` (every sample) and ``<method>.json`` (its summary, seconds and machine) per method.
 OUT = Path("reports/baselines")
-#: The run's bookkeeping (uncached, in git): the methods in order, each one's seconds, the model's load, the sampling
-#: calls read from the store, the machine. Its digest links a later execution that did not run the stage to this run
+#: The run's bookkeeping (uncached, in git): the methods in order, the model's load seconds, the sampling calls read
+#: from the store, the machine (each method's seconds are in its ``<method>.json``). Its digest links a later execution that did not run the stage to this run
 #: (:func:`orchestry.tracking.runs.link_cached_stages`).
 MADE = Path("reports/baselines.json")
 
@@ -69,12 +69,8 @@ def main() -> None:
     with stage_run("baselines", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
         t_load = time.time()
         model, tok = load_policy(params)
-        made = {
-            "methods": list(cfg.methods),
-            "load_seconds": time.time() - t_load,
-            "seconds": {},
-            "read_calls": {},
-        }
+        made = {"methods": list(cfg.methods), "load_seconds": time.time() - t_load, "read_calls": {}}
+        machine, iv = machine_info(), params.intervals  # what the seconds (and the low bits) depend on
         cache = sample_cache(params)  # discussion's drafts: concat's samples, drawn just before
         OUT.mkdir(parents=True, exist_ok=True)
         totals = {"cost/prompt_tokens": 0, "cost/completion_tokens": 0}
@@ -93,14 +89,13 @@ def main() -> None:
                     cfg.batch_size,
                     cache=cache,
                 )
-                iv = params.intervals
                 summary = summarize(records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples)
                 summary["seconds"] = time.time() - t0  # this method's sampling and scoring (one shared load)
-                summary["machine"] = machine_info()  # what the seconds (and the low bits) depend on
+                summary["machine"] = machine
                 write_jsonl(OUT / f"{method}.jsonl", records)
                 write_json(OUT / f"{method}.json", summary)
                 log_metrics(method_metrics("test", f"baseline_{method}", summary))
-                made["seconds"][method], made["read_calls"][method] = summary["seconds"], cache.hits - hits
+                made["read_calls"][method] = cache.hits - hits
                 if cache.hits > hits:  # discussion's drafts: concat's call, decoded just before
                     log.info("%s: %d sampling call(s) read from %s", method, cache.hits - hits, cache.root)
                 totals["cost/prompt_tokens"] += sum(r["prompt_tokens"] for r in records)
@@ -109,7 +104,7 @@ def main() -> None:
                 brief = {k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}
                 print(json.dumps({"method": method, **{k: v for k, v in brief.items() if k != "machine"}}))
         log_metrics({**totals, "cost/usd": 0.0})
-        write_json(MADE, {**made, "machine": machine_info()})
+        write_json(MADE, {**made, "machine": machine})
 
 
 if __name__ == "__main__":
