@@ -36,12 +36,15 @@ def main() -> None:
     cfg = params.train_magrpo
     model, tok = build_policy(params, ("helper", "main"))
     problems = read_problems("data/problems/train.jsonl")
-    tr = types.SimpleNamespace(model=model, tokenizer=tok, cfg=cfg, problems=problems, agents=("helper", "main"))
+    tr = types.SimpleNamespace(
+        model=model, tokenizer=tok, cfg=cfg, problems=problems, agents=("helper", "main")
+    )
     positions = [0]
     decoder = model.get_base_model().get_decoder()
     decoder.register_forward_pre_hook(
-        lambda _m, args, kw: positions.__setitem__(0, positions[0] + (kw.get("input_ids") if "input_ids" in kw
-                                                                       else args[0]).numel()),
+        lambda _m, args, kw: positions.__setitem__(
+            0, positions[0] + (kw.get("input_ids") if "input_ids" in kw else args[0]).numel()
+        ),
         with_kwargs=True,
     )
     t0 = time.time()

@@ -10,11 +10,11 @@ import torch
 
 from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.generators.compositional import delegated_decomposition, generate, reference_decomposition
-from orchestry.llm.local import attach_adapters, shared_prefix_logprobs
+from orchestry.llm.local import attach_adapters, completion_logprobs
 from orchestry.problems import load_problems, make_problem
 from orchestry.rewards.code import level_rewards
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
-from orchestry.training.warm_start import _tokenize, _units, resolved_epochs, warm_start, warm_start_examples
+from orchestry.training.warm_start import _batch, _tokenize, resolved_epochs, warm_start, warm_start_examples
 
 
 @pytest.fixture(scope="module")
@@ -137,16 +137,12 @@ def test_params_reject_warm_start_outside_helper_main():
 
 
 def _target_logprob(model, tok, pairs, agent):
-    """Mean log-prob of the targets' tokens, each ``prompt + target`` a row of its own (no packing)."""
     model.set_adapter(agent)
     model.eval()
-    total, n = 0.0, 0
     with torch.no_grad():
-        for p, t in _tokenize(tok, pairs):
-            logits = model(input_ids=torch.tensor([p + t])).logits[0, len(p) - 1 : -1]
-            total += float(torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(t)[:, None]).sum())
-            n += len(t)
-    return total / n
+        ids, mask, P = _batch(tok, _tokenize(tok, pairs))
+        _, tok_lp, tmask = completion_logprobs(model, ids, mask, P)
+    return float(tok_lp.sum() / tmask.sum())
 
 
 def test_warm_start_lowers_each_agents_loss_on_its_own_targets_only(
@@ -214,8 +210,7 @@ def test_warm_start_problems_trains_on_the_first_n_only(embedded_tokenizer, tiny
     seen = warm_start_examples(problems[:1], tok)["main"]
     before = _target_logprob(model, tok, seen, "main")
     stats = warm_start(trainer, False, resolved_epochs(cfg, problems))
-    # 3 problems x 2 prompt forms per agent; a step holds whole problems: one (its 2 forms) when the batch is 1
-    assert stats["examples"] == 6 and stats["steps"] == 2 * 3
+    assert stats["examples"] == 6 and stats["steps"] == 2 * 6  # 3 problems x 2 prompt forms, per agent
     assert stats["epochs"] == 1
     assert _target_logprob(model, tok, seen, "main") > before + 0.05
 
@@ -232,53 +227,3 @@ def test_params_refuse_a_warm_start_on_problems_without_reference_decompositions
     # the default (auto) is accepted on HumanEval: it resolves to 0 epochs there (resolved_epochs, tested above)
     assert parse_params({"prepare": {"source": "humaneval"}}).train_magrpo.warm_start_epochs == "auto"
     assert parse_params({"train_magrpo": {"warm_start_epochs": 2}}).train_magrpo.warm_start_epochs == 2
-
-
-def _plain_target_logprobs(model, pairs):
-    """Reference for shared_prefix_logprobs: each ``prompt + target`` alone, the log-probs of its target tokens."""
-    out = []
-    for p, t in pairs:
-        logits = model(input_ids=torch.tensor([list(p) + list(t)])).logits[0, len(p) - 1 : -1]
-        out.append(torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(t)[:, None]).squeeze(-1))
-    return torch.cat(out)
-
-
-def test_shared_prefix_logprobs_and_gradients_equal_one_row_per_pair(tiny_llama):
-    model = attach_adapters(tiny_llama(64, seed=2), AGENTS, r=4, alpha=8, seed=1)
-    with torch.no_grad():  # non-zero lora_B: the adapter takes part in the forward and in the gradient
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.copy_(torch.linspace(-0.2, 0.2, p.numel()).view_as(p))
-    model.set_adapter("main")
-    model.train()
-    units = [
-        [([5, 6, 7, 8, 9], [10, 11]), ([5, 6, 7, 30, 31, 32], [12, 13, 14])],  # a common prefix of 3
-        [([40, 41], [42])],  # one pair
-        [([20, 21, 22], [23, 24]), ([20, 21, 22], [25])],  # the same prompt, two targets
-        [([50, 51], [52, 53]), ([50, 51, 54, 55], [56])],  # one prompt is the other's prefix
-        [([3, 4], [5]), ([9, 4, 4], [6, 7])],  # no common prefix
-    ]
-    got = shared_prefix_logprobs(model, units)
-    got.sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    ref = _plain_target_logprobs(model, [pair for unit in units for pair in unit])
-    ref.sum().backward()
-    assert got.shape == ref.shape == (15,)
-    assert torch.allclose(got, ref, atol=1e-4), (got, ref)
-    assert grads and any("lora_A" in n for n in grads)
-    for n, p in model.named_parameters():
-        if p.grad is not None:
-            assert torch.allclose(grads[n], p.grad, atol=1e-5), n
-    with pytest.raises(ValueError, match="non-empty prompt and target"):
-        shared_prefix_logprobs(model, [[([1, 2], [])]])
-
-
-def test_units_keep_a_problem_s_two_prompt_forms_together(embedded_tokenizer):
-    problems = _generated(4, (1, 2))
-    pairs = _tokenize(embedded_tokenizer, warm_start_examples(problems, embedded_tokenizer, plain_prompts=True)["main"])
-    units = _units(pairs, 2)
-    assert len(units) == 4 and all(len(u) == 2 for u in units)
-    for u in units:  # the spec form names aux's signature, the plain form does not: one problem, two prompts
-        assert u[0][0] != u[1][0] and u[0][0][:20] == u[1][0][:20]
-    assert _units(pairs, 1) == [[p] for p in pairs]

@@ -943,64 +943,15 @@ def token_logprobs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
 PACK_TOKENS = 1024  # longest packed row; a prompt's completions beyond it go to another row (prompt repeated)
 
 
-def _packed_hidden(model, rows: list[tuple[torch.Tensor, list[torch.Tensor]]]):
-    """Last hidden states of packed rows ``[prefix, m_1, ..., m_n]``, one forward pass of the decoder.
-
-    Each member attends to its row's prefix and causally to itself only (a block attention mask), and its
-    positions continue the prefix's: member ``j`` gets the same hidden states as the sequence ``prefix + m_j`` in
-    a row of its own, while the prefix is computed once (and its gradient collects every member's). Rows are
-    right-padded to the longest.
-
-    Args:
-        rows: ``(prefix ids [Lp], [member ids [L_j], ...])`` per row (1-D long tensors; a member is non-empty, and
-            ``Lp >= 1`` unless no member's first token is predicted).
-
-    Returns:
-        ``(hidden [K, S, d], sources)``: ``sources[k][j]`` lists the positions of row ``k`` whose hidden states
-        predict member ``j``'s tokens, in order: ``[Lp - 1, off, ..., off + L_j - 2]`` (``off`` its first position).
-    """
-    S = max(int(prefix.numel()) + sum(int(m.numel()) for m in members) for prefix, members in rows)
-    ids = torch.zeros(len(rows), S, dtype=torch.long)
-    pos = torch.zeros(len(rows), S, dtype=torch.long)
-    seg = torch.full((len(rows), S), -1, dtype=torch.long)
-    sources: list[list[list[int]]] = []
-    for k, (prefix, members) in enumerate(rows):
-        Lp = int(prefix.numel())
-        ids[k, :Lp], pos[k, :Lp], seg[k, :Lp] = prefix, torch.arange(Lp), 0
-        off, row_sources = Lp, []
-        for j, m in enumerate(members, start=1):
-            L = int(m.numel())
-            ids[k, off : off + L] = m
-            pos[k, off : off + L] = torch.arange(Lp, Lp + L)
-            seg[k, off : off + L] = j
-            row_sources.append([Lp - 1, *range(off, off + L - 1)])
-            off += L
-        sources.append(row_sources)
-    device = getattr(model, "device", torch.device("cpu"))
-    ids, pos, seg = ids.to(device), pos.to(device), seg.to(device)
-    q = torch.arange(S, device=device)
-    seg_q, seg_k = seg[:, :, None], seg[:, None, :]
-    allowed = (q[:, None] >= q[None, :]) & (seg_k >= 0) & ((seg_k == 0) | (seg_k == seg_q))
-    allowed = (allowed | torch.eye(S, dtype=torch.bool, device=device))[:, None]  # padding queries see themselves
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if getattr(base.config, "_attn_implementation", "sdpa") == "eager":  # eager adds the mask to the scores
-        allowed = torch.zeros(allowed.shape, device=device).masked_fill(~allowed, torch.finfo(torch.float32).min)
-    hidden = base.get_decoder()(
-        input_ids=ids, attention_mask=allowed, position_ids=pos, use_cache=False
-    ).last_hidden_state
-    return hidden, sources
-
-
 def _packed_logprobs(
     model, sequences: torch.Tensor, attention_mask: torch.Tensor, P: int, max_pack: int = PACK_TOKENS
 ):
-    """:func:`completion_logprobs` with rows packed by prompt: ``[prompt, c_1, ..., c_m]`` per packed row
-    (:func:`_packed_hidden`).
+    """:func:`completion_logprobs` with rows packed by prompt: ``[prompt, c_1, ..., c_m]`` per packed row.
 
-    Each completion attends to its prompt and causally to itself only, its positions continue the prompt's, and
-    its first token is predicted from the prompt's last position: the same log-probs as one left-padded row per
-    sequence, without computing the prompt G times or any padding. The gradients of the rows that share a prompt
-    add up in its single forward pass.
+    Each completion attends to its prompt and causally to itself only (a block attention mask), its positions
+    continue the prompt's, and its first token is predicted from the prompt's last position: the same
+    log-probs as one left-padded row per sequence, without computing the prompt G times or any padding. The
+    gradients of the rows that share a prompt add up in its single forward pass.
     """
     B, T = sequences.shape[0], sequences.shape[1] - P
     lengths = attention_mask[:, P:].sum(dim=1).tolist()
@@ -1019,66 +970,50 @@ def _packed_logprobs(
         packs[k][2] += lengths[i]
     token_logp = torch.zeros(B, T)
     if packs:
-        rows = [
-            (sequences[r0, :P][attention_mask[r0, :P].bool()], [sequences[i, P : P + lengths[i]] for i in members])
-            for r0, members, _ in packs
-        ]
-        hidden, sources = _packed_hidden(model, rows)
-        src_pack, src_pos, dst_row, dst_col = [], [], [], []
-        for k, (_, members, _) in enumerate(packs):
-            for i, src in zip(members, sources[k], strict=True):
-                src_pack += [k] * lengths[i]
-                src_pos += src
-                dst_row += [i] * lengths[i]
-                dst_col += range(lengths[i])
-        targets = torch.cat([m for _, members in rows for m in members])
-        at = {"device": hidden.device}
-        h = hidden[torch.tensor(src_pack, **at), torch.tensor(src_pos, **at)]
+        S = max(p[2] for p in packs)
+        ids = torch.zeros(len(packs), S, dtype=sequences.dtype)
+        pos = torch.zeros(len(packs), S, dtype=torch.long)
+        seg = torch.full((len(packs), S), -1, dtype=torch.long)
+        src_pack, src_pos, dst_row, dst_col, targets = [], [], [], [], []
+        for k, (r0, members, _) in enumerate(packs):
+            prompt = sequences[r0, :P][attention_mask[r0, :P].bool()]
+            Lp = prompt.numel()
+            ids[k, :Lp], pos[k, :Lp], seg[k, :Lp] = prompt, torch.arange(Lp), 0
+            off = Lp
+            for j, i in enumerate(members, start=1):
+                L = lengths[i]
+                ids[k, off : off + L] = sequences[i, P : P + L]
+                pos[k, off : off + L] = torch.arange(Lp, Lp + L)
+                seg[k, off : off + L] = j
+                src_pack += [k] * L
+                src_pos += [Lp - 1, *range(off, off + L - 1)]
+                dst_row += [i] * L
+                dst_col += range(L)
+                targets += sequences[i, P : P + L].tolist()
+                off += L
+        device = getattr(model, "device", torch.device("cpu"))
+        ids, pos, seg = ids.to(device), pos.to(device), seg.to(device)
+        q = torch.arange(S, device=device)
+        seg_q, seg_k = seg[:, :, None], seg[:, None, :]
+        allowed = (q[:, None] >= q[None, :]) & (seg_k >= 0) & ((seg_k == 0) | (seg_k == seg_q))
+        allowed = (allowed | torch.eye(S, dtype=torch.bool, device=device))[
+            :, None
+        ]  # padding queries see themselves
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        logp = token_logprobs(h, base.get_output_embeddings().weight, targets.to(hidden.device))
-        token_logp = token_logp.to(hidden.device).index_put(
+        if (
+            getattr(base.config, "_attn_implementation", "sdpa") == "eager"
+        ):  # eager adds the mask to the scores
+            allowed = torch.zeros(allowed.shape, device=device).masked_fill(
+                ~allowed, torch.finfo(torch.float32).min
+            )
+        hidden = base.get_decoder()(
+            input_ids=ids, attention_mask=allowed, position_ids=pos, use_cache=False
+        ).last_hidden_state
+        at = {"device": device}
+        h = hidden[torch.tensor(src_pack, **at), torch.tensor(src_pos, **at)]
+        logp = token_logprobs(h, base.get_output_embeddings().weight, torch.tensor(targets, **at))
+        token_logp = token_logp.to(device).index_put(
             (torch.tensor(dst_row, **at), torch.tensor(dst_col, **at)), logp
         )
     mask = attention_mask[:, P:].to(token_logp.device, token_logp.dtype)
     return token_logp.sum(dim=1), token_logp, mask
-
-
-def shared_prefix_logprobs(model, units: Sequence[Sequence[tuple[Sequence[int], Sequence[int]]]]):
-    """Log-probs of the targets of ``(prompt, target)`` token-id pairs, each unit's pairs packed in one row that
-    computes their prompts' longest common prefix once (:func:`_packed_hidden`).
-
-    A unit's pairs (e.g. one problem under two prompt forms, the supervised warm start's examples) give the same
-    log-probs as ``prompt + target`` rows of their own, without padding the rows to each other's length inside
-    a unit or computing the shared prefix twice; only target positions go through the LM head (chunked,
-    :func:`token_logprobs`). The gradient is that of the separate rows (float sums in another order).
-
-    Args:
-        units: per unit, ``(prompt ids, target ids)`` pairs with non-empty prompts and targets.
-
-    Returns:
-        ``[N]`` fp32 log-probs of every target token, pairs in the order given (unit by unit).
-
-    Raises:
-        ValueError: a prompt or a target is empty.
-    """
-    rows, wanted = [], []
-    for unit in units:
-        if any(not p or not t for p, t in unit):
-            raise ValueError("shared_prefix_logprobs needs a non-empty prompt and target in every pair")
-        prompts = [list(p) for p, _ in unit]
-        Lp = len(os.path.commonprefix(prompts))  # a member's first token never predicted: its prompt is non-empty
-        rows.append(
-            (torch.tensor(prompts[0][:Lp]), [torch.tensor(p[Lp:] + list(t)) for p, (_, t) in zip(prompts, unit)])
-        )
-        wanted.append([len(t) for _, t in unit])
-    hidden, sources = _packed_hidden(model, rows)
-    src_pack, src_pos = [], []
-    for k, row_sources in enumerate(sources):
-        for src, n in zip(row_sources, wanted[k], strict=True):
-            src_pack += [k] * n
-            src_pos += src[-n:]  # the positions that predict the target, the member's last n tokens
-    targets = torch.tensor([tok for unit in units for _, t in unit for tok in t], device=hidden.device)
-    at = {"device": hidden.device}
-    h = hidden[torch.tensor(src_pack, **at), torch.tensor(src_pos, **at)]
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return token_logprobs(h, base.get_output_embeddings().weight, targets)

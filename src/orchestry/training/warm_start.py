@@ -29,7 +29,7 @@ import torch
 
 from orchestry.generators.compositional import delegated_decomposition, reference_decomposition
 from orchestry.llm.frozen import cast_once
-from orchestry.llm.local import adapter_parameters, chat_prompt, shared_prefix_logprobs
+from orchestry.llm.local import adapter_parameters, chat_prompt, completion_logprobs
 from orchestry.numerics import bf16_autocast
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
 from orchestry.training.common import Trainer
@@ -168,42 +168,30 @@ def warm_start(tr: Trainer, bf16: bool, epochs: int) -> dict:
     return out
 
 
-def _units(pairs: list[tuple[list[int], list[int]]], forms: int) -> list[list[tuple[list[int], list[int]]]]:
-    """Tokenized examples (:func:`_tokenize`, in :func:`warm_start_examples`' order) grouped by problem: each unit
-    holds a problem's ``forms`` prompt forms (2 with ``warm_start_plain_prompts``, else 1)."""
-    return [pairs[i : i + forms] for i in range(0, len(pairs), forms)]
-
-
 def _train_agents(tr: Trainer, examples: dict, epochs: int, bf16: bool, out: dict) -> None:
-    """:func:`warm_start`'s loop: each agent's epochs of clipped AdamW steps, the losses into ``out``.
-
-    A step's batch holds ``warm_start_batch`` examples as whole problems (both prompt forms of a problem in the
-    same step, ``warm_start_batch // forms`` problems): each problem is one packed row whose prompts' common
-    prefix is computed once (:func:`orchestry.llm.local.shared_prefix_logprobs`).
-    """
+    """:func:`warm_start`'s loop: each agent's epochs of clipped AdamW steps, the losses into ``out``."""
     cfg = tr.cfg
-    forms = 2 if cfg.warm_start_plain_prompts else 1
-    per_step = max(1, cfg.warm_start_batch // forms)
     for agent in tr.agents:
         params = adapter_parameters(tr.model, agent)
         opt = torch.optim.AdamW(params, lr=cfg.warm_start_lr, weight_decay=cfg.weight_decay)
         tr.model.set_adapter(agent)
         rng = random.Random(cfg.seed)
-        units = _units(_tokenize(tr.tokenizer, examples[agent]), forms)  # once per agent, not per epoch
+        pairs = _tokenize(tr.tokenizer, examples[agent])  # once per agent, not per epoch
         for epoch in range(epochs):
-            order = list(range(len(units)))
+            order = list(range(len(pairs)))
             rng.shuffle(order)
             total, tokens = 0.0, 0
-            for at in range(0, len(order), per_step):
+            for at in range(0, len(order), cfg.warm_start_batch):
+                ids, mask, P = _batch(tr.tokenizer, [pairs[j] for j in order[at : at + cfg.warm_start_batch]])
                 with bf16_autocast(tr.model, bf16):
-                    tok_lp = shared_prefix_logprobs(tr.model, [units[j] for j in order[at : at + per_step]])
-                n = tok_lp.numel()
+                    _, tok_lp, tmask = completion_logprobs(tr.model, ids, mask, P)
+                n = float(tmask.sum())
                 loss = -tok_lp.sum() / n
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                 opt.step()
-                total, tokens = total + float(loss.detach()) * n, tokens + n
+                total, tokens = total + float(loss.detach()) * n, tokens + int(n)
                 out["steps"] += 1
             mean = total / max(tokens, 1)
             if epoch == 0:
