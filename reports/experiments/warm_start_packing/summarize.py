@@ -1,9 +1,10 @@
-"""Tables of the warm-start packing experiment: python summarize.py (from this folder or with its path).
+"""Tables of the warm-start packing experiment: python summarize.py [OTHER] (OTHER: B, the default, or C).
 
 Arm A: the warm start before 414ca75 (examples shuffled one by one, 8 padded rows per step); arm B: 414ca75 (a
 step's examples are whole problems, both prompt forms of a problem in one packed row). Each arm's ``seedS/`` holds
 the evaluate stage's samples with train_magrpo.seed S and evaluate.seed S+1 (base.jsonl, magrpo.jsonl: warm start +
-MAGRPO; humaneval_*.jsonl: the HumanEval transfer set), the warm-started pair alone (warm_start/magrpo.jsonl, the
+MAGRPO; humaneval_*.jsonl: the HumanEval transfer set); arm C: A's code with ``warm_start_epochs: 1`` (half the
+warm start's compute), the warm-started pair alone (warm_start/magrpo.jsonl, the
 same sampling seed) and the stage's figures (magrpo.json). B minus A, paired by problem: 95 % percentile bootstrap
 over problems (orchestry.reporting.compare) per seed and pooled (each problem's mean over all seeds' samples);
 "over seeds": the mean of the per-seed differences with a bootstrap over the seeds.
@@ -33,18 +34,18 @@ def fmt(row) -> str:
     )
 
 
-def main(root: Path = HERE) -> None:
+def main(root: Path = HERE, other: str = "B") -> None:
     seeds = sorted(
-        d.name for d in (root / "A").glob("seed*") if (root / "B" / d.name / "magrpo.jsonl").exists()
+        d.name for d in (root / "A").glob("seed*") if (root / other / d.name / "magrpo.jsonl").exists()
     )
-    print(f"B − A, {len(seeds)} seeds ({', '.join(seeds)}); * = the interval excludes 0\n")
+    print(f"{other} − A, {len(seeds)} seeds ({', '.join(seeds)}); * = the interval excludes 0\n")
     print("| samples | seed | " + " | ".join(METRICS) + " |")
     print("|---|---|" + "---|" * len(METRICS))
     for name, f in FILES.items():
         per_seed: dict[str, list[float]] = {m: [] for m in METRICS}
         pooled_a, pooled_b = [], []
         for s in seeds:
-            a, b = read_samples(root / "A" / s / f), read_samples(root / "B" / s / f)
+            a, b = read_samples(root / "A" / s / f), read_samples(root / other / s / f)
             pooled_a += a
             pooled_b += b
             df = paired_comparison(a, b, METRICS).set_index("metric")
@@ -74,7 +75,7 @@ def main(root: Path = HERE) -> None:
         "mean training reward |"
     )
     print("|---|---|---|---|---|---|")
-    for arm in ("A", "B"):
+    for arm in ("A", other):
         for s in seeds:
             m = json.loads((root / arm / s / "magrpo.json").read_text())
             steps = (root / arm / s / "magrpo_steps.csv").read_text().splitlines()
@@ -89,4 +90,4 @@ def main(root: Path = HERE) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
+    main(HERE, sys.argv[1] if len(sys.argv) > 1 else "B")
