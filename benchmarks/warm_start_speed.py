@@ -1,5 +1,5 @@
 """Seconds of one supervised warm-start epoch (both agents, every train problem under both prompt forms) with the
-code on ``PYTHONPATH``, so that two revisions can be timed side by side on the same machine.
+code on ``PYTHONPATH``, so that two revisions, or two settings, can be timed side by side on the same machine.
 
 Run at the repository root after ``dvc repro prepare``, one process per measurement, alternating the revisions
 (``git worktree add /tmp/old <rev>`` gives the other one)::
@@ -10,19 +10,26 @@ Run at the repository root after ``dvc repro prepare``, one process per measurem
 
 ``--update bf16`` runs under bf16 autocast (what ``bf16_update: auto`` picks on CPUs with AVX-512 BF16 or AMX),
 ``fp32`` in fp32 (what it picks elsewhere); prefix ``ATEN_CPU_CAPABILITY=avx2`` to run torch's AVX2 kernels on an
-AVX-512 machine. Prints the seconds, each agent's mean token loss, a checksum of the LoRA weights, the padded
-positions the epoch's forward passes computed, the CPU model, its flags and torch's kernel level.
+AVX-512 machine. ``--casts per-pass`` makes the bf16 casts of the frozen weights at every pass, what ran before
+``orchestry.llm.frozen.cast_once`` (``--casts once``, the code's way: one cast per weight for the block)::
+
+    for i in 1 2; do for c in once per-pass; do
+      python benchmarks/warm_start_speed.py --update bf16 --casts $c
+    done; done
+
+Prints one line per run: the seconds, the padded positions the epoch's forward passes computed, each agent's mean
+token loss, a checksum of the LoRA weights (equal lines mean the same adapters) and the machine
+(:func:`orchestry.numerics.machine_info`: CPU model, flags, torch's kernel level, threads).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 import types
 
-import torch
-
-from orchestry.numerics import cpu_flags, cpu_model
+from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.runtime import build_policy, start_stage
 from orchestry.training import warm_start as ws
@@ -31,14 +38,18 @@ from orchestry.training import warm_start as ws
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--update", choices=["bf16", "fp32"], default="fp32")
+    ap.add_argument("--casts", choices=["once", "per-pass"], default="once")
+    ap.add_argument("--problems", type=int, default=0, help="the first N train problems only (0: all)")
     args = ap.parse_args()
     params = start_stage("bench")
-    cfg = params.train_magrpo
+    cfg = params.train_magrpo.model_copy(update={"warm_start_problems": args.problems})
     model, tok = build_policy(params, ("helper", "main"))
     problems = read_problems("data/problems/train.jsonl")
     tr = types.SimpleNamespace(
         model=model, tokenizer=tok, cfg=cfg, problems=problems, agents=("helper", "main")
     )
+    if args.casts == "per-pass":
+        ws.cast_once = lambda m, d: contextlib.nullcontext()
     positions = [0]
     decoder = model.get_base_model().get_decoder()
     decoder.register_forward_pre_hook(
@@ -51,13 +62,12 @@ def main() -> None:
     out = ws.warm_start(tr, args.update == "bf16", 1)
     seconds = time.time() - t0
     checksum = sum(float(p.double().sum()) for n, p in model.named_parameters() if "lora_" in n)
-    flags = cpu_flags()
+    m = machine_info()
     print(
-        f"update={args.update} seconds={seconds:.2f} positions={positions[0]} "
+        f"update={args.update} casts={args.casts} seconds={seconds:.2f} positions={positions[0]} "
         f"loss_helper={out['loss/helper/last']:.6f} loss_main={out['loss/main/last']:.6f} "
-        f"lora_checksum={checksum:.10f} cpu={cpu_model()!r} avx512_bf16={flags.get('avx512_bf16')} "
-        f"amx_bf16={flags.get('amx_bf16')} kernels={torch.backends.cpu.get_cpu_capability()} "
-        f"threads={torch.get_num_threads()}"
+        f"lora_checksum={checksum:.10f} cpu={m['cpu']!r} flags={m['cpu_flags']!r} kernels={m['kernels']} "
+        f"threads={m['threads']}"
     )
 
 

@@ -56,32 +56,39 @@ def table(dirs: list[Path]) -> None:
     print("|---|---|" + "---|" * len(METRICS))
     for arm, (ref, oth) in arms.items():
         have = [d for d in dirs if (d / ref).exists() and (d / oth).exists()]
-        per_seed: dict[str, list[float]] = {m: [] for m in METRICS}
-        for d in have:
-            df = paired_comparison(read_samples(d / ref), read_samples(d / oth), METRICS).set_index("metric")
-            for m in METRICS:
-                if m in df.index:
-                    per_seed[m].append(df.loc[m, "diff"])
-            print(
-                f"| {arm} | {d.name} | "
-                + " | ".join(fmt(df.loc[m]) if m in df.index else "-" for m in METRICS)
-                + " |"
-            )
-        if len(have) > 1:
-            pooled_ref = [r for d in have for r in read_samples(d / ref)]
-            pooled_oth = [r for d in have for r in read_samples(d / oth)]
-            df = paired_comparison(pooled_ref, pooled_oth, METRICS).set_index("metric")
-            print(
-                f"| {arm} | pooled ({len(have)}) | "
-                + " | ".join(fmt(df.loc[m]) if m in df.index else "-" for m in METRICS)
-                + " |"
-            )
-            cells = []
-            for m in METRICS:
-                v = per_seed[m]
-                lo, hi = bootstrap_ci(v, 0.95, 10000)
-                cells.append(f"{sum(v) / len(v):+.3f} [{lo:+.3f}, {hi:+.3f}]" if v else "-")
-            print(f"| {arm} | over seeds (mean of diffs) | " + " | ".join(cells) + " |")
+        print_arm(arm, [(d.name, read_samples(d / ref), read_samples(d / oth)) for d in have])
+
+
+def print_arm(arm: str, seeds: list[tuple[str, list[dict], list[dict]]]) -> None:
+    """One comparison's table rows: ``(seed label, reference records, other records)`` per seed, then (with more
+    than one seed) the pooled comparison and the mean of the per-seed differences with a bootstrap over seeds.
+    ../warm_start_packing/summarize.py prints its arms with it too."""
+    per_seed: dict[str, list[float]] = {m: [] for m in METRICS}
+    for name, ref, oth in seeds:
+        df = paired_comparison(ref, oth, METRICS).set_index("metric")
+        for m in METRICS:
+            if m in df.index:
+                per_seed[m].append(df.loc[m, "diff"])
+        print(
+            f"| {arm} | {name} | "
+            + " | ".join(fmt(df.loc[m]) if m in df.index else "-" for m in METRICS)
+            + " |"
+        )
+    if len(seeds) > 1:
+        pooled_ref = [r for _, ref, _ in seeds for r in ref]
+        pooled_oth = [r for _, _, oth in seeds for r in oth]
+        df = paired_comparison(pooled_ref, pooled_oth, METRICS).set_index("metric")
+        print(
+            f"| {arm} | pooled ({len(seeds)}) | "
+            + " | ".join(fmt(df.loc[m]) if m in df.index else "-" for m in METRICS)
+            + " |"
+        )
+        cells = []
+        for m in METRICS:
+            v = per_seed[m]
+            lo, hi = bootstrap_ci(v, 0.95, 10000)
+            cells.append(f"{sum(v) / len(v):+.3f} [{lo:+.3f}, {hi:+.3f}]" if v else "-")
+        print(f"| {arm} | over seeds (mean of diffs) | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
