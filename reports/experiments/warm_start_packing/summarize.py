@@ -1,8 +1,9 @@
-"""Tables of the warm-start packing experiment: python summarize.py [OTHER] (OTHER: B, the default, or C).
+"""Tables of the warm-start packing experiment: python summarize.py [OTHER] (OTHER: B, the default, C or D).
 
 Arm A: the warm start before 414ca75 (examples shuffled one by one, 8 padded rows per step); arm B: 414ca75 (a
 step's examples are whole problems, both prompt forms of a problem in one packed row); arm C: A's code with
-``warm_start_epochs: 1`` (half the warm start's compute). Each arm's ``seedS/`` holds the evaluate stage's samples
+``warm_start_epochs: 1`` (half the warm start's compute); arm D: A's code with ``warm_start_epochs: 1`` and
+``warm_start_batch: 4`` (A's number of steps, half its examples). Each arm's ``seedS/`` holds the evaluate stage's samples
 with train_magrpo.seed S and evaluate.seed S+1 (base.jsonl, magrpo.jsonl: warm start + MAGRPO; humaneval_*.jsonl:
 the HumanEval transfer set), the warm-started pair alone (warm_start/magrpo.jsonl, the same sampling seed) and the
 stage's figures (magrpo.json). OTHER minus A, paired by problem, printed by ../warm_start/summarize.py's
