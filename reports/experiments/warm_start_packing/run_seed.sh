@@ -2,7 +2,8 @@
 # One seed of one arm: ./run_seed.sh WORKTREE SEED OUT [--eval-only]
 # WORKTREE: a checkout of the arm's revision (6e80913: examples shuffled one by one, batches of 8 padded rows;
 # 414ca75: whole problems, both prompt forms of a problem in one packed row; arm C: 828b01b, A's code, with
-# params.yaml's train_magrpo.warm_start_epochs set to 1), with models/base, data/problems,
+# params.yaml's train_magrpo.warm_start_epochs set to 1; arm D: also warm_start_batch 4; arm F: also warm_start_lr
+# 0.001), with models/base, data/problems,
 # reports/eval_base*, reports/baselines and reports/api_grpo/summary.json taken from a `dvc repro` of the default.
 # Runs the MAGRPO stage (warm start + 24 updates) with train_magrpo.seed SEED (not with --eval-only: the adapters
 # already trained there), the evaluate_base and evaluate stages with evaluate.seed SEED+1 (as

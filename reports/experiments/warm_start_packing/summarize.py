@@ -1,9 +1,10 @@
-"""Tables of the warm-start packing experiment: python summarize.py [OTHER] (OTHER: B, the default, C or D).
+"""Tables of the warm-start packing experiment: python summarize.py [OTHER] (OTHER: B, the default, C, D or F).
 
 Arm A: the warm start before 414ca75 (examples shuffled one by one, 8 padded rows per step); arm B: 414ca75 (a
 step's examples are whole problems, both prompt forms of a problem in one packed row); arm C: A's code with
 ``warm_start_epochs: 1`` (half the warm start's compute); arm D: A's code with ``warm_start_epochs: 1`` and
-``warm_start_batch: 4`` (A's number of steps, half its examples). Each arm's ``seedS/`` holds the evaluate stage's samples
+``warm_start_batch: 4`` (A's number of steps, half its examples); arm F: D at ``warm_start_lr: 0.001``. For A and
+F the seeds' trained pairs were also evaluated on two sets written by others (easy40, MBPP). Each arm's ``seedS/`` holds the evaluate stage's samples
 with train_magrpo.seed S and evaluate.seed S+1 (base.jsonl, magrpo.jsonl: warm start + MAGRPO; humaneval_*.jsonl:
 the HumanEval transfer set), the warm-started pair alone (warm_start/magrpo.jsonl, the same sampling seed) and the
 stage's figures (magrpo.json). OTHER minus A, paired by problem, printed by ../warm_start/summarize.py's
@@ -24,6 +25,9 @@ FILES = {
     "test: trained pair": "magrpo.jsonl",
     "test: warm-started pair alone": "warm_start/magrpo.jsonl",
     "HumanEval (16 problems): trained pair": "humaneval_magrpo.jsonl",
+    # written by others (arm F's check; ../easy_external/easy40.jsonl, ../learnable_default_v3/external/mbpp_easy.jsonl)
+    "easy40 (40 problems): trained pair": "easy40/magrpo.jsonl",
+    "MBPP (40 problems): trained pair": "external/magrpo.jsonl",
 }
 
 
@@ -46,6 +50,8 @@ def main(root: Path = HERE, other: str = "B") -> None:
     print("| samples | seed | " + " | ".join(shared.METRICS) + " |")
     print("|---|---|" + "---|" * len(shared.METRICS))
     for name, f in FILES.items():
+        if not all((root / arm / s / f).exists() for arm in ("A", other) for s in seeds):
+            continue  # the sets written by others: evaluated for arm F (and A) only
         shared.print_arm(
             name, [(s, read_samples(root / "A" / s / f), read_samples(root / other / s / f)) for s in seeds]
         )
