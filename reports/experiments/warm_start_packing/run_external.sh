@@ -7,7 +7,7 @@
 # had just left in the worktree), then evaluates the trained pair and the base pair (adapters off, same sampling seed)
 # on ../easy_external/easy40.jsonl and ../learnable_default_v3/external/mbpp_easy.jsonl, 2 samples each, into
 # OUT/seedS/{easy40,external}. Nothing else may run meanwhile (one torch process at a time).
-set -uo pipefail
+set -euo pipefail
 wt=$1; out=$2; seed0_adapters=${3:-}
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 easy=$root/reports/experiments/easy_external/easy40.jsonl
@@ -16,16 +16,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false MLFL
   ORCHESTRY_PROGRESS=0 PYTHONPATH="$wt/src"
 cd "$wt"
 for s in 0 1 2; do
-  python - "$s" <<'PY'
-import re, sys
-s = int(sys.argv[1])
-text = open("params.yaml").read()
-for section, value in (("train_magrpo", s), ("evaluate", s + 1)):
-    head = text.index(f"\n{section}:\n")
-    m = re.compile(r"\n  seed: \d+").search(text, head)
-    text = text[: m.start()] + f"\n  seed: {value}" + text[m.end():]
-open("params.yaml", "w").write(text)
-PY
+  python "$root/reports/experiments/warm_start_packing/set_seeds.py" "$s"
   d=$out/seed$s; mkdir -p "$d"
   adapters=$wt/models/adapters/magrpo
   if [ "$s" = 0 ] && [ -n "$seed0_adapters" ]; then
