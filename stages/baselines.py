@@ -65,6 +65,7 @@ def main() -> None:
     params = start_stage("baselines")
     cfg = params.baselines
     problems = read_problems("data/problems/test.jsonl")[: cfg.max_problems]
+    entries = {p.task_id: p.entry_point for p in problems}  # where summarize judges main's chain form
     logged = {**cfg.model_dump(), **params.sampling.model_dump(), **params.model.model_dump()}
     with stage_run("baselines", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
         t_load = time.time()
@@ -89,7 +90,9 @@ def main() -> None:
                     cfg.batch_size,
                     cache=cache,
                 )
-                summary = summarize(records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples)
+                summary = summarize(
+                    records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples, entries
+                )
                 summary["seconds"] = time.time() - t0  # this method's sampling and scoring (one shared load)
                 summary["machine"] = machine
                 write_jsonl(OUT / f"{method}.jsonl", records)

@@ -11,6 +11,7 @@ import mlflow
 from orchestry.analysis.metrics import key_metrics, summarize
 from orchestry.evaluation.agents import (
     base_pair_settings,
+    entry_points,
     evaluated_turns,
     problems_fingerprint,
     score_pairs,
@@ -93,7 +94,9 @@ def both_pairs(
         raise SystemExit(f"error: {path} holds samples of other problems than the {set_name} set's: {AGAIN}")
     records = read_jsonl(path)
     cfg, iv = params.evaluate, params.intervals
-    summary = summarize(records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples)
+    summary = summarize(
+        records, sorted({1, cfg.num_samples}), iv.confidence, iv.resamples, entry_points(problems)
+    )
     summary["seconds"] = recorded["seconds"][set_name]
     return [
         ("base", records, summary),
@@ -139,10 +142,13 @@ def main() -> None:
                 mlflow.log_artifact(f"reports/eval/{name}.jsonl", "samples")
                 log_samples_table(recs, f"samples/eval_{name}.json")  # per-sample table (mlflow.load_table)
                 log_metrics(method_metrics("test", name, summary))
+            test_entries = entry_points(read_problems("data/problems/test.jsonl"))  # the baselines' problems
             for path in sorted(Path("reports/baselines").glob("*.jsonl")):
                 recs = read_jsonl(path)
                 ks_b = sorted({1, params.baselines.num_samples})
-                methods[f"baseline_{path.stem}"] = summarize(recs, ks_b, iv.confidence, iv.resamples)
+                methods[f"baseline_{path.stem}"] = summarize(
+                    recs, ks_b, iv.confidence, iv.resamples, test_entries
+                )
                 log_samples_table(recs, f"samples/eval_baseline_{path.stem}.json")
             report = {
                 "test_problems": len(problems),

@@ -93,7 +93,8 @@ def test_evaluate_scores_base_and_trained_agents_with_the_stage_metrics(agents, 
         got = dict(report["methods"][name])
         assert got.pop("seconds") > 0
         # exactly the evaluate stage's summary: orchestry.analysis.metrics.summarize over the same records
-        assert got == summarize(recs, [1, 2], 0.9, 200)
+        entries = {p["task_id"]: p["entry_point"] for p in _humaneval_records(2)}  # chain form's entry points
+        assert got == summarize(recs, [1, 2], 0.9, 200, entries)
         assert {"pass@1", "pass@2", "accuracy@2", "reward", "reward_ci_low", "cooperation_rate"} <= set(got)
         assert got["n_samples"] == 4 and got["n_problems"] == 2
     assert "reward (max 4.0, 90% CI)" in result.stdout and "magrpo" in result.stdout

@@ -85,7 +85,8 @@ VOCAB = read_vocabulary((ROOT / "docs/metrics.md").read_text())
 
 def _records() -> list[dict]:
     """Three evaluated samples of two problems, as evaluate/baselines write them."""
-    base = {"structure": 1.0, "syntax": 0.5, "cooperation": 0.0, "prompt_tokens": 10, "completion_tokens": 5}
+    base = {"structure": 1.0, "syntax": 0.5, "cooperation": 0.0, "prompt_tokens": 10, "completion_tokens": 5,
+            "helper": "def aux(x):\n    return x\n", "main": "def f(x):\n    r = aux(x)\n    return r\n"}  # fmt: skip
     return [
         {**base, "task_id": "t/0", "sample": 0, "total": 2.5, "tests": 1.0, "passed": 2, "total_asserts": 2},
         {**base, "task_id": "t/0", "sample": 1, "total": 1.5, "tests": 0.0, "passed": 0, "total_asserts": 2},
@@ -122,6 +123,8 @@ def _step_record() -> dict:
             "loss/main": 0.01,
             "rows_updated/main": 8,
             "tester_pass_rate": 0.5,
+            "chain_form_rate": 0.5,  # not CSV columns: logged to MLflow only
+            "distinct_solutions": 0.5,
             "problems": ["t/0"],
         }
     )
@@ -214,6 +217,8 @@ def test_no_bare_names_and_the_issue_examples_are_gone():
     magrpo = logged["train_magrpo"]
     # training curves are train/...; the tokens of a step and of the run have distinct names
     assert {"train/reward", "train/tests", "train/prompt_tokens", "cost/prompt_tokens"} <= set(magrpo)
+    assert {"train/chain_form_rate", "train/distinct_solutions"} <= set(magrpo)  # the collapse figures
+    assert {"test/magrpo/chain_form_rate", "test/magrpo/distinct_solutions"} <= set(logged["evaluate"])
     assert not any(n.startswith(("summary/", "tokens/", "scheme/")) for n in magrpo)
     # the baselines' reward is the test-set mean under the method's name, never the bare `reward`
     assert {"test/baseline_single/reward", "test/baseline_discussion/reward"} <= set(logged["baselines"])

@@ -161,6 +161,10 @@ def test_report_has_every_section_figure_and_method(built):
     m = metrics["methods"]["magrpo"]
     ci = f"{m['reward']:.2f} [{m['reward_ci_low']:.2f}, {m['reward_ci_high']:.2f}]"
     assert ci in html  # the metrics table shows the interval from metrics.json
+    # the results table: pass@k at the largest k evaluated and the collapse columns beside pass@1
+    k = max(int(key.split("@")[1]) for key in m if key.startswith("pass@"))
+    assert all(f"<th>{h}</th>" in html for h in ("pass@k", "chain form", "distinct"))
+    assert f"{m[f'pass@{k}']:.2f} (k={k})" in html
     for label in ("MAGRPO-trained agents", "base agents (no training)", "API-GRPO", "learned orchestrator"):
         assert label in html
     assert parsed.scripts == 0 and "http://" not in html and "https://" not in html  # self-contained

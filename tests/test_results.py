@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from orchestry.reporting.results import best_baseline, results_markdown, results_rows
+from orchestry.reporting.results import ABSENT, best_baseline, results_markdown, results_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,8 +37,21 @@ METRICS = {
     "test_problems": 32,
     "intervals": {"confidence": 0.9},
     "methods": {
-        "base": _summary(0.1, 1.0),
-        "magrpo": _summary(0.2, 1.5),
+        "base": {
+            **_summary(0.1, 1.0),
+            "pass@1": 0.1,
+            "pass@4": 0.3,
+            "chain_form_rate": 0.05,
+            "distinct_solutions": 0.9,
+        },  # fmt: skip
+        "magrpo": {
+            **_summary(0.2, 1.5),
+            "pass@1": 0.2,
+            "pass@2": 0.25,
+            "pass@4": 0.35,
+            "chain_form_rate": 0.97,
+            "distinct_solutions": 0.25,
+        },  # fmt: skip
         "baseline_single": _summary(0.15, 1.1),
         "baseline_concat": _summary(0.15, 1.2),  # same pass rate as single: the higher reward wins
     },
@@ -55,7 +68,8 @@ METRICS = {
 
 def test_rows_per_test_set_with_paired_difference() -> None:
     header, rows = results_rows(METRICS)
-    assert header[:3] == ["test set", "pair", "pass@1"]
+    assert header[:6] == ["test set", "pair", "pass@1", "pass@k", "chain form", "distinct"]
+    assert all(len(r) == len(header) for r in rows)
     labels = [(r[0].split(" (")[0], r[1]) for r in rows]
     assert labels == [
         ("generated test split", "base pair"),
@@ -66,10 +80,26 @@ def test_rows_per_test_set_with_paired_difference() -> None:
         ("transfer: humaneval", "trained pair (MAGRPO)"),
         ("transfer: humaneval", "trained - base (paired)"),
     ]
-    assert rows[0][2] == "0.10 [0.05, 0.20]" and rows[2][3] == "1.50 [1.40, 1.60]"
-    assert rows[3][2] == "+0.10 [+0.02, +0.18]" and rows[3][4] == "-"  # no paired cooperation given
+    assert rows[0][2] == "0.10 [0.05, 0.20]" and rows[2][6] == "1.50 [1.40, 1.60]"
+    assert rows[3][2] == "+0.10 [+0.02, +0.18]" and rows[3][7] == "-"  # no paired cooperation given
+    # pass@k at the largest k evaluated, the collapse figures beside pass@1; none of them is paired
+    assert rows[0][3:6] == ["0.30 (k=4)", "0.05", "0.90"]
+    assert rows[2][3:6] == ["0.35 (k=4)", "0.97", "0.25"]
+    assert rows[3][3:6] == ["-", "-", "-"]
     assert best_baseline(METRICS["methods"]) == "baseline_concat"
     assert best_baseline({"base": {}}) is None
+
+
+def test_an_older_metrics_file_without_the_new_figures_shows_a_dash() -> None:
+    """A metrics.json written before pass@k, chain form and distinct were in the table (the committed one until
+    the next `dvc repro`) still makes the table: those cells read "—", the others are unchanged."""
+    _, rows = results_rows(METRICS)
+    concat = rows[1]  # baseline_concat: no pass@k, no collapse keys
+    assert concat[3:6] == [ABSENT, ABSENT, ABSENT] and concat[2] == "0.15 [0.07, 0.30]"
+    humaneval = rows[4]
+    assert humaneval[3:6] == [ABSENT, ABSENT, ABSENT]
+    none = {**METRICS, "methods": {"base": {**_summary(0.1, 1.0), "pass@1": 0.1, "chain_form_rate": None}}}
+    assert results_rows(none)[1][0][3:6] == ["0.10 (k=1)", ABSENT, ABSENT]
 
 
 def test_markdown_states_the_interval_level() -> None:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
+
+from orchestry.analysis.code_ast import chain_form, normalized_solution
+from orchestry.rewards.extract import extract_code
 
 LEVELS = ("structure", "syntax", "tests", "cooperation")
 
@@ -90,8 +93,62 @@ def is_pass(r: dict) -> bool:
     return r.get("total_asserts", 0) > 0 and r.get("passed", 0) == r.get("total_asserts", 0)
 
 
+def _code(text: object) -> str:
+    """The code of one answer (:func:`orchestry.rewards.extract.extract_code`, as the reward reads it); "" when none."""
+    return extract_code(text)[0] if isinstance(text, str) else ""
+
+
+def _has_texts(records: Iterable[dict]) -> bool:
+    return any(isinstance(r.get("main"), str) for r in records)
+
+
+def chain_form_rate(records: Sequence[dict], entry_points: Mapping[str, str] | None = None) -> float | None:
+    """Share of ``records`` whose main answer is in chain form (:func:`orchestry.analysis.code_ast.chain_form`),
+    judged on the code extracted from the record's ``main`` text: main's answer for a helper/main pair, the one
+    answer of a single-agent baseline, the fixer's code of the writer/tester/fixer workflow.
+
+    Args:
+        entry_points: ``task_id -> entry point``; a task not in it (or no mapping) takes the last top-level
+            function of main's code not named ``aux``.
+
+    Returns:
+        The share in [0, 1]; None when no record holds a ``main`` text (records without answers).
+    """
+    if not records or not _has_texts(records):
+        return None
+    eps = entry_points or {}
+    hits = sum(chain_form(_code(r.get("main")), eps.get(r.get("task_id"))) for r in records)
+    return hits / len(records)
+
+
+def joint_program(record: dict) -> str:
+    """The sample's normalised joint program (:func:`orchestry.analysis.code_ast.normalized_solution` of the
+    helper's code, then of main's): equal for two samples that differ only by local names, comments, docstrings
+    or formatting."""
+    return (
+        normalized_solution(_code(record.get("helper")))
+        + "\n# main\n"
+        + normalized_solution(_code(record.get("main")))
+    )
+
+
+def distinct_solutions(groups: Iterable[Sequence[dict]]) -> float | None:
+    """Mean over groups (the samples of one problem) of ``distinct normalised joint programs / samples``
+    (:func:`joint_program`), in (0, 1]: 1 when every sample of a problem is a different program, ``1/n`` when
+    all n samples are one program up to names and formatting. None when there is no group or no record holds
+    a ``main`` text."""
+    groups = [list(g) for g in groups if len(g)]
+    if not groups or not _has_texts(r for g in groups for r in g):
+        return None
+    return sum(len({joint_program(r) for r in g}) / len(g) for g in groups) / len(groups)
+
+
 def summarize(
-    records: Sequence[dict], ks: Sequence[int] = (1,), confidence: float = 0.95, n_boot: int = 1000
+    records: Sequence[dict],
+    ks: Sequence[int] = (1,),
+    confidence: float = 0.95,
+    n_boot: int = 1000,
+    entry_points: Mapping[str, str] | None = None,
 ) -> dict:
     """Aggregate metrics of one method; intervals at level ``confidence`` over ``n_boot`` bootstrap resamples.
 
@@ -101,8 +158,10 @@ def summarize(
         mean of each level, ``cooperation_rate`` (share with cooperation > 0), ``structure_rate``
         (structure = 1.0), ``syntax_rate``, ``pass_rate``; ungated ``aux_defined_rate``, ``aux_called_rate``,
         ``aux_used_rate`` (each with ``_ci_low/_ci_high`` over problems) and ``truncation_rate`` (share of
-        samples with a completion that hit ``max_completion_length``; None when not recorded); mean
-        ``prompt_tokens``/``completion_tokens`` per sample.
+        samples with a completion that hit ``max_completion_length``; None when not recorded); the collapse
+        metrics ``chain_form_rate`` (:func:`chain_form_rate`; ``entry_points``: ``task_id -> entry point``) and
+        ``distinct_solutions`` (:func:`distinct_solutions` over the problems), None for records without texts;
+        mean ``prompt_tokens``/``completion_tokens`` per sample.
     """
     by_task: dict[str, list[dict]] = defaultdict(list)
     for r in records:
@@ -144,6 +203,9 @@ def summarize(
         out[f"{key}_rate_ci_low"], out[f"{key}_rate_ci_high"] = bootstrap_ci(per, confidence, n_boot)
     flags = [r["truncated"] for r in records if r.get("truncated") is not None]
     out["truncation_rate"] = sum(map(bool, flags)) / len(flags) if flags else None
+    # collapse: one template written on every task (docs/metrics.md)
+    out["chain_form_rate"] = chain_form_rate(records, entry_points)
+    out["distinct_solutions"] = distinct_solutions(by_task.values())
     out["prompt_tokens"] = sum(r.get("prompt_tokens", 0) for r in records) / n
     out["completion_tokens"] = sum(r.get("completion_tokens", 0) for r in records) / n
     return out

@@ -27,6 +27,12 @@ PAIRS: tuple[tuple[str, bool], ...] = (("base", False), ("magrpo", True))
 PAIR_NAMES: tuple[str, ...] = tuple(name for name, _ in PAIRS)
 
 
+def entry_points(problems: Sequence[Problem]) -> dict[str, str]:
+    """``task_id -> entry point`` of ``problems``: where :func:`orchestry.analysis.metrics.summarize` judges the
+    chain form of main's code."""
+    return {p.task_id: p.entry_point for p in problems}
+
+
 def _selected(pairs: Sequence[str], model) -> list[tuple[str, bool]]:
     """The entries of :data:`PAIRS` named in ``pairs``, in :data:`PAIRS` order.
 
@@ -125,7 +131,7 @@ def evaluate_agents(
                                    False)  # fmt: skip
             for r in recs:
                 r["method"] = "base"
-        summary = summarize(recs, ks, intervals.confidence, intervals.resamples)
+        summary = summarize(recs, ks, intervals.confidence, intervals.resamples, entry_points(problems))
         summary["seconds"] = time.time() - t0
         yield name, recs, summary
 
@@ -243,7 +249,7 @@ def evaluate_workflow(
             recs.append({**d, "method": name, "sample": d["generation"],
                          "prompt_tokens": sum(it.prompt_tokens for it in items),
                          "completion_tokens": sum(it.completion_tokens for it in items)})  # fmt: skip
-        summary = summarize(recs, ks, intervals.confidence, intervals.resamples)
+        summary = summarize(recs, ks, intervals.confidence, intervals.resamples, entry_points(problems))
         summary["seconds"] = time.time() - t0
         yield name, recs, summary
 

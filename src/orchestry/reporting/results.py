@@ -4,14 +4,30 @@ Read from ``reports/metrics.json`` (the ``evaluate`` stage): the test split of t
 transfer set (``prepare.transfer``, e.g. HumanEval's test problems). Each cell is a mean with its bootstrap
 interval over problems; the last row of each set is the trained pair minus the base pair on the same problems
 (paired bootstrap, :func:`orchestry.evaluation.agents.trained_minus_base`). The ``plot`` stage writes it to
-``reports/results.md``; README.md carries a copy that a test keeps equal to it.
+``reports/results.md``; README.md carries a copy that a test keeps equal to it. Beside pass@1: pass@k at the largest
+k evaluated and the collapse figures (``chain_form_rate``, ``distinct_solutions``, docs/metrics.md), shown as
+:data:`ABSENT` when the ``metrics.json`` predates them.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
-COLUMNS = ("pass@1", "mean reward (0-4)", "cooperation rate (gated)", "main calls aux", "truncated")
+COLUMNS = (
+    "pass@1",
+    "pass@k",
+    "chain form",
+    "distinct",
+    "mean reward (0-4)",
+    "cooperation rate (gated)",
+    "main calls aux",
+    "truncated",
+)
+#: a cell of a figure that the ``metrics.json`` read does not hold (one written before the figure existed)
+ABSENT = "—"
+#: the collapse columns (docs/metrics.md) after pass@1 and pass@k: summary key of each
+_COLLAPSE = ("chain_form_rate", "distinct_solutions")
 #: ``metrics.json`` method keys -> (sample metric of the paired table, summary key, its interval keys' stem)
 _CELLS = (
     ("pass", "pass_rate", "pass_rate"),
@@ -39,6 +55,24 @@ def _cell(stats: dict, key: str, stem: str | None) -> str:
     return text
 
 
+def pass_at_largest_k(stats: dict) -> str:
+    """``"<pass@k> (k=<k>)"`` at the largest k the summary holds (:func:`orchestry.analysis.metrics.summarize`
+    computes pass@k for each k that fits the samples per problem), :data:`ABSENT` when it holds none."""
+    ks = [int(m.group(1)) for key in stats if (m := re.fullmatch(r"pass@(\d+)", key))]
+    if not ks:
+        return ABSENT
+    k = max(ks)
+    return f"{_fmt(stats[f'pass@{k}'])} (k={k})"
+
+
+def _new_cells(stats: dict) -> list[str]:
+    """pass@k and the collapse figures; :data:`ABSENT` for a key an older ``metrics.json`` lacks (or None)."""
+    return [
+        pass_at_largest_k(stats),
+        *(ABSENT if stats.get(k) is None else _fmt(stats[k]) for k in _COLLAPSE),
+    ]
+
+
 def best_baseline(methods: dict) -> str | None:
     """The ``baseline_*`` method with the highest pass rate (then mean reward), or None."""
     names = [m for m in methods if m.startswith("baseline_")]
@@ -57,7 +91,8 @@ def _rows(title: str, methods: dict, paired: dict | None) -> list[list[str]]:
     for key, label in order:
         if key in methods:
             s = methods[key]
-            rows.append([title, label, *[_cell(s, k, stem) for _, k, stem in _CELLS]])
+            cells = [_cell(s, k, stem) for _, k, stem in _CELLS]
+            rows.append([title, label, cells[0], *_new_cells(s), *cells[1:]])
     if paired:
         cells = []
         for metric, _, _ in _CELLS:
@@ -68,7 +103,8 @@ def _rows(title: str, methods: dict, paired: dict | None) -> list[list[str]]:
                 else f"{_fmt(d['diff'], sign=True)} [{_fmt(d['diff_ci_low'], sign=True)}, "
                 f"{_fmt(d['diff_ci_high'], sign=True)}]"
             )
-        rows.append([title, "trained - base (paired)", *cells])
+        # pass@k and the collapse figures have no paired difference
+        rows.append([title, "trained - base (paired)", cells[0], *["-"] * (1 + len(_COLLAPSE)), *cells[1:]])
     return rows
 
 
@@ -99,7 +135,11 @@ def results_note(metrics: dict) -> str:
     return (
         f"Means over samples; brackets: {level:.0%} bootstrap intervals over problems (the paired difference "
         "resamples problems for both pairs at once). Cooperation rate: samples earning the cooperation bonus "
-        "(it needs a passing assert); main calls aux: ungated; truncated: a completion hit the token limit."
+        "(it needs a passing assert); main calls aux: ungated; truncated: a completion hit the token limit. "
+        "pass@k: unbiased pass@k at the largest k evaluated (k samples per problem). Chain form: share of samples "
+        "whose main function is the problem generator's one shape (r = ...; r = ...; return r); distinct: distinct "
+        "programs (up to names and formatting) / samples, per problem: 1/n when all n samples of a problem are one "
+        f"program (docs/metrics.md). {ABSENT}: not in this metrics.json."
     )
 
 
@@ -115,4 +155,12 @@ def results_markdown(metrics: dict) -> str:
     return "\n".join(lines) + "\n\n" + results_note(metrics) + "\n"
 
 
-__all__ = ["COLUMNS", "best_baseline", "results_markdown", "results_note", "results_rows"]
+__all__ = [
+    "ABSENT",
+    "COLUMNS",
+    "best_baseline",
+    "pass_at_largest_k",
+    "results_markdown",
+    "results_note",
+    "results_rows",
+]

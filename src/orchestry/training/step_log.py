@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestry.analysis.metrics import chain_form_rate, distinct_solutions
 from orchestry.analysis.schemes import scheme_distribution
 from orchestry.config import TrainMagrpoParams
 from orchestry.training.common import Rollout, flat_groups
@@ -31,7 +32,10 @@ def step_record(
     """The step's metrics. Rewards, levels and rates are those of the first turn (comparable whatever
     ``turns`` is; the workflow's first phase holds the episode's records); ``reward/turn_<t>`` is each turn's
     mean reward (samples that stopped early count with their carried reward) and ``reward/<agent>`` each
-    agent's own reward when credit or the coach make them differ; tokens and seconds are the whole step's."""
+    agent's own reward when credit or the coach make them differ; tokens and seconds are the whole step's.
+    The collapse metrics (docs/metrics.md): ``chain_form_rate``, the share of the step's main answers in the
+    generator's chain form, and ``distinct_solutions``, the mean over the step's groups (a problem's G samples)
+    of distinct normalised joint programs / G."""
     rollouts = [episode] if isinstance(episode, Rollout) else list(episode)
     ro = rollouts[0]
     det = ro.details
@@ -44,6 +48,15 @@ def step_record(
         )
         prompt_tokens, completion_tokens = prompt_tokens + p_tok, completion_tokens + c_tok
     flat = float(flat_groups(ro.rewards).float().mean())
+    # details are ordered [problem n][generation g]: a group is a problem's G samples
+    if len(det) == len(ro.problems) * ro.G:
+        groups = [det[i : i + ro.G] for i in range(0, n, ro.G)]
+    else:
+        by_task: dict[str, list[dict]] = {}
+        for d in det:
+            by_task.setdefault(d.get("task_id"), []).append(d)
+        groups = list(by_task.values())
+    entries = {p.task_id: p.entry_point for p in ro.problems}
     rec = {
         "step": step,
         "reward": float(ro.rewards.mean()),
@@ -62,6 +75,9 @@ def step_record(
         "truncation_rate/helper": sum(bool(d.get("helper_truncated")) for d in det) / n,
         "truncation_rate/main": sum(bool(d.get("main_truncated")) for d in det) / n,
         **{f"scheme/{k}": v for k, v in scheme_distribution(d.get("scheme", "none") for d in det).items()},
+        # collapse: one template (the generator's chain form) written on every task
+        "chain_form_rate": chain_form_rate(det, entries),
+        "distinct_solutions": distinct_solutions(groups),
         # signal: groups whose G rewards are all equal give no gradient (as first sampled, before resampling)
         "zero_variance_groups": flat if ro.zero_variance_groups is None else ro.zero_variance_groups,
         "resample_rollouts": ro.resample_rollouts,
