@@ -324,6 +324,51 @@ def test_budget_stop_is_clean_and_saves_everything(tmp_path, key, caplog) -> Non
     ).exists()
 
 
+def test_a_rerun_continues_the_budget_instead_of_a_fresh_one(tmp_path, key) -> None:
+    """A run stopped by the budget, run again with the same params: the budget is the experiment's, not the
+    process's (the spend ledger in the cache's database), so the rerun sends nothing new; a raised budget goes on."""
+    srv = FakeAnthropic(reply=_collab_reply(), usage={"input_tokens": 100, "output_tokens": 20})
+    prices = {
+        "claude-haiku-4-5": {"input_usd_per_mtok": 100.0, "output_usd_per_mtok": 100.0}
+    }  # 0.012 USD/call
+    with srv.running():
+        cfg = _cfg(srv, tmp_path, num_episodes=8, behavior_every=1, budget_usd=0.3, eval_budget_fraction=0.0,
+                   prices=prices)  # fmt: skip
+        first = _run(cfg, tmp_path / "run1")
+        sent = len(srv.posts)
+        again = _run(
+            cfg.model_copy(update={"timeout_s": 30.0}), tmp_path / "run2"
+        )  # a retry knob: same budget
+        assert len(srv.posts) == sent  # before the ledger: a fresh 0.3 USD, 138 % of the cap in all
+        raised = _run(cfg.model_copy(update={"budget_usd": 0.45}), tmp_path / "run3")
+    b1, b2, b3 = first["budget"], again["budget"], raised["budget"]
+    assert b1["status"] == b2["status"] == "exhausted" and b1["spent_before_usd"] == 0.0
+    assert b2["spent_before_usd"] == pytest.approx(b1["spent_usd"]) and b2["spent_this_run_usd"] == 0.0
+    assert b2["spent_usd"] == pytest.approx(b1["spent_usd"]) and b1["spent_usd"] <= 0.3
+    assert b2["scope"] == b1["scope"]
+    assert again["episodes_completed"] == first["episodes_completed"]  # replayed from the cache, free
+    assert b3["spent_before_usd"] == pytest.approx(b1["spent_usd"]) and b3["scope"] == b1["scope"]
+    assert len(srv.posts) > sent and b3["spent_usd"] <= 0.45
+    assert b3["spent_usd"] == pytest.approx(len(srv.posts) * 0.012)  # every call sent, counted once
+
+
+def test_usage_above_max_tokens_stops_the_run_and_says_why(tmp_path, key) -> None:
+    """A server that ignores max_tokens (5,000 output tokens for max_tokens=64): the first answer is charged as
+    reported and the run stops there, instead of spending 10x the budget in one batch."""
+    srv = FakeAnthropic(reply=_collab_reply(), usage={"input_tokens": 100, "output_tokens": 5000})
+    prices = {
+        "claude-haiku-4-5": {"input_usd_per_mtok": 100.0, "output_usd_per_mtok": 100.0}
+    }  # 0.51 USD/call
+    with srv.running():
+        cfg = _cfg(srv, tmp_path, budget_usd=1.0, prices=prices)
+        summary = _run(cfg, tmp_path / "out")
+    assert len(srv.posts) == 1  # concurrency 1: nothing after the first overrun
+    assert summary["stopped_early"] and "max_tokens=64" in summary["stop_reason"]
+    assert "5000 completion tokens" in summary["stop_reason"] and summary["budget"]["status"] == "exhausted"
+    assert summary["budget"]["spent_usd"] == pytest.approx(5100 * 1e-4)  # charged as reported
+    assert summary["eval"]["status"].startswith("skipped")
+
+
 def test_judge_is_mixed_into_the_value_and_proposes_guidelines(tmp_path, key) -> None:
     srv = FakeAnthropic(reply=_collab_reply())
     with srv.running():

@@ -28,7 +28,7 @@ class _PaidBackend:
 
     def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
         self.sent.extend(requests)
-        return [ChatResult(f"answer to {r.messages[0][1]}", 50_000, 50_000, 0.1) for r in requests]
+        return [ChatResult(f"answer to {r.messages[0][1]}", 50_000, 16, 0.1) for r in requests]
 
 
 def _reqs(n: int = 3) -> list[ChatRequest]:

@@ -10,7 +10,7 @@ problem, with bootstrap intervals), ``calibrate`` (the base model's pass rates o
 difficulty, ``reports/calibration.{json,md}``), ``override`` and ``review`` (a person's reward for an API-GRPO
 trajectory or orchestrator episode, ``data/overrides.jsonl``; :mod:`orchestry.overrides`), ``tune``
 (hyper-parameter search on Optuna, one DVC experiment per trial; ``tune --show``: the best trials and the
-parameter importances).
+parameter importances), ``budget`` (what each API experiment spent across runs; ``--reset SCOPE`` forgets one).
 
 Errors are one line on stderr (``error: --option: what is wrong``), whatever ``--quiet`` says: exit code 2
 for a bad option value or an unusable file, 1 for anything else; ``--debug`` (global, ``orchestry --debug CMD``,
@@ -26,6 +26,7 @@ from typing import Annotated
 
 import typer
 
+from orchestry.cli.budget import budget
 from orchestry.cli.common import _STATE, _OneLineErrors
 from orchestry.cli.evaluate import calibrate, evaluate
 from orchestry.cli.pipeline import report, smoke
@@ -58,5 +59,5 @@ def _root(
 for _command in (score, seeds, evaluate, calibrate, compare, times, paired):
     app.command()(_command)
 app.command("show-best")(show_best)
-for _command in (ui, smoke, report, tune, override, review):
+for _command in (ui, smoke, report, tune, override, review, budget):
     app.command()(_command)

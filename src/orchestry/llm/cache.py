@@ -30,7 +30,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestry.llm.chat import BackendConfigError, ChatModel, ChatRequest, ChatResult, as_messages
-from orchestry.llm.cost import CostTracker, estimate_tokens
+from orchestry.llm.cost import (
+    BudgetExceeded,
+    CostTracker,
+    SpendNotRecorded,
+    UsageOverrun,
+    estimate_tokens,
+)
 
 log = logging.getLogger("orchestry.llm.cache")
 
@@ -49,6 +55,47 @@ CREATE TABLE IF NOT EXISTS responses (
     created REAL NOT NULL
 )
 """
+
+_SPEND_SCHEMA = """
+CREATE TABLE IF NOT EXISTS spend (
+    scope TEXT PRIMARY KEY,
+    stage TEXT NOT NULL,
+    params TEXT NOT NULL,
+    usd REAL NOT NULL DEFAULT 0,
+    calls INTEGER NOT NULL DEFAULT 0,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    pending_usd REAL NOT NULL DEFAULT 0,
+    runs INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+)
+"""
+
+#: Params that do not change what an experiment sends (the budget itself, retries, timeouts, parallelism, checks):
+#: left out of :func:`budget_scope`, so raising the budget or the timeout continues the same budget.
+NOT_IN_SCOPE = frozenset(
+    {
+        "budget_usd",
+        "eval_budget_fraction",
+        "timeout_s",
+        "max_retries",
+        "concurrency",
+        "preflight",
+        "local_batch_size",
+    }
+)
+
+
+def budget_scope(stage: str, section: dict, extra: dict | None = None) -> tuple[str, str]:
+    """``(scope, params_json)``: the spend ledger's key of one experiment, ``<stage>:<12 hex>`` (SHA-256 of the
+    stage's params section without :data:`NOT_IN_SCOPE`, and of ``extra``, e.g. the ``sampling`` section), and the
+    canonical JSON it was made from."""
+    params = {k: v for k, v in section.items() if k not in NOT_IN_SCOPE}
+    payload = json.dumps(
+        {"stage": stage, "params": params, "extra": extra or {}}, sort_keys=True, default=str
+    )
+    return f"{stage}:{hashlib.sha256(payload.encode()).hexdigest()[:12]}", payload
 
 
 class CacheFileError(BackendConfigError):
@@ -92,6 +139,7 @@ class ResponseCache:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(_SCHEMA)
+            self._db.execute(_SPEND_SCHEMA)
             self._db.commit()
             self._db.execute("SELECT key FROM responses LIMIT 1").fetchall()
         except sqlite3.DatabaseError as e:
@@ -146,12 +194,19 @@ class ResponseCache:
             time.time(),
         )
 
-    def _write(self, rows: Sequence[tuple]) -> None:
-        """Insert ``rows`` in one transaction (all or none)."""
+    def _write(self, rows: Sequence[tuple], spend: Sequence[tuple] = ()) -> None:
+        """Insert ``rows`` and apply the ledger updates ``spend`` (:meth:`spend_update`) in one transaction (all
+        or none)."""
         with self._lock:
             try:
                 self._db.executemany(
                     "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+                )
+                self._db.executemany(
+                    "UPDATE spend SET usd = usd + ?, calls = calls + ?, prompt_tokens = prompt_tokens + ?, "
+                    "completion_tokens = completion_tokens + ?, pending_usd = MAX(0, pending_usd - ?), "
+                    "updated = ? WHERE scope = ?",
+                    spend,
                 )
                 self._db.commit()
             except BaseException:
@@ -159,15 +214,16 @@ class ResponseCache:
                     self._db.rollback()
                 raise
 
-    def put_rows(self, rows: Sequence[tuple]) -> None:
-        """Write ``rows`` (from :meth:`row`) in one transaction, retrying a write that may pass later.
+    def put_rows(self, rows: Sequence[tuple], spend: Sequence[tuple] = ()) -> None:
+        """Write ``rows`` (from :meth:`row`) and the ledger updates ``spend`` (from :meth:`spend_update`) in one
+        transaction, retrying a write that may pass later.
 
         Raises:
             sqlite3.Error: the last attempt's error (locked after ``write_attempts`` tries, disk full, corrupt).
         """
         for attempt in range(self.write_attempts):
             try:
-                self._write(rows)
+                self._write(rows, spend) if spend else self._write(rows)
                 return
             except sqlite3.OperationalError:  # locked, busy, I/O: may pass
                 if attempt + 1 == self.write_attempts:
@@ -177,6 +233,90 @@ class ResponseCache:
     def put(self, key: str, identity: dict, request: ChatRequest, result: ChatResult) -> None:
         """Write one response (see :meth:`put_rows`)."""
         self.put_rows([self.row(key, identity, request, result)])
+
+    # ---- the spend ledger ----------------------------------------------------------------------------------------
+    @staticmethod
+    def spend_update(
+        scope: str, usd: float, calls: int, prompt_tokens: int, completion_tokens: int, release_usd: float
+    ) -> tuple:
+        """A ledger update for :meth:`put_rows`: add a paid response's cost and tokens to ``scope`` and move
+        ``release_usd`` out of its pending reservation."""
+        return (usd, calls, prompt_tokens, completion_tokens, release_usd, time.time(), scope)
+
+    def _ledger(self, sql: str, args: tuple) -> None:
+        """One ledger statement in its own transaction, retried like :meth:`put_rows`."""
+        for attempt in range(self.write_attempts):
+            try:
+                with self._lock:
+                    try:
+                        self._db.execute(sql, args)
+                        self._db.commit()
+                    except BaseException:
+                        with contextlib.suppress(sqlite3.Error):
+                            self._db.rollback()
+                        raise
+                return
+            except sqlite3.OperationalError:
+                if attempt + 1 == self.write_attempts:
+                    raise
+                time.sleep(self.retry_wait_s * 2**attempt)
+
+    def open_spend(self, scope: str, stage: str = "", params: str = "") -> tuple[float, float]:
+        """Start a run of ``scope``: ``(earlier_usd, orphaned_usd)``, what earlier runs spent, including
+        ``orphaned_usd``, the pending reservation a killed run left behind (counted as spent from now on, at its
+        worst case).
+
+        Raises:
+            CacheFileError: the ledger cannot be read or written (the stage stops before any work).
+        """
+        now = time.time()
+        try:
+            self._ledger(
+                "INSERT OR IGNORE INTO spend (scope, stage, params, created, updated) VALUES (?, ?, ?, ?, ?)",
+                (scope, stage, params, now, now),
+            )
+            with self._lock:
+                orphaned = float(
+                    self._db.execute("SELECT pending_usd FROM spend WHERE scope = ?", (scope,)).fetchone()[0]
+                )
+            self._ledger(
+                "UPDATE spend SET usd = usd + pending_usd, pending_usd = 0, runs = runs + 1, updated = ? "
+                "WHERE scope = ?",
+                (now, scope),
+            )
+            return float(self.spend(scope)["usd"]), orphaned  # type: ignore[index]
+        except sqlite3.DatabaseError as e:
+            raise self._file_error(e) from None
+
+    def reserve_spend(self, scope: str, usd: float) -> None:
+        """Record ``usd`` as pending on ``scope`` before a batch is sent (durable before any request).
+
+        Raises:
+            sqlite3.Error: the write failed after the retries.
+        """
+        self._ledger(
+            "UPDATE spend SET pending_usd = pending_usd + ?, updated = ? WHERE scope = ?",
+            (usd, time.time(), scope),
+        )
+
+    def spend(self, scope: str) -> dict | None:
+        """The ledger row of ``scope`` (``None``: never charged in this file)."""
+        rows = [r for r in self.spends() if r["scope"] == scope]
+        return rows[0] if rows else None
+
+    def spends(self) -> list[dict]:
+        """Every ledger row, newest first: scope, stage, params, usd, calls, tokens, pending_usd, runs, times."""
+        with self._lock:
+            cur = self._db.execute("SELECT * FROM spend ORDER BY updated DESC")
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+    def reset_spend(self, scope: str) -> bool:
+        """Forget the spend of ``scope`` (on purpose: its next run starts a fresh budget); False if unknown."""
+        with self._lock:
+            n = self._db.execute("DELETE FROM spend WHERE scope = ?", (scope,)).rowcount
+            self._db.commit()
+        return n > 0
 
     def __len__(self) -> int:
         with self._lock:
@@ -195,12 +335,20 @@ class ResponseCache:
 
 @dataclass
 class _Writes:
-    """The cache writes of one batch: rows left for one write at the end, and what failed."""
+    """The cache writes and the spend of one batch: rows (and their ledger updates) left for one write at the
+    end, what failed, each request's worst case, which were settled, and why the batch stopped sending."""
 
     attempted: int = 0
     failed: int = 0
     deferred: list[tuple] = field(default_factory=list)
+    deferred_spend: list[tuple] = field(default_factory=list)
     error: BaseException | None = None
+    worst: dict[int, float] = field(default_factory=dict)
+    settled: set[int] = field(default_factory=set)
+    ledger_reserved: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)
+    overrun: str = ""
+    over_limit: bool = False
 
 
 class CachedChat:
@@ -208,21 +356,31 @@ class CachedChat:
 
     For each batch: cache hits are answered from sqlite (counted as cached, free); identical requests in
     the batch are sent once; before anything is sent the worst-case cost of all misses (input tokens
-    estimated from characters, output = ``max_tokens``) is reserved against the budget, so a batch that
-    might not fit raises :class:`orchestry.llm.cost.BudgetExceeded` without sending anything. Each response
-    is charged and kept as it arrives, then written to the cache; if one request fails, the others that
-    succeeded are kept and the first error is raised.
+    estimated from characters, output = ``max_tokens``) is reserved against the budget (and, with a budget
+    scope, recorded as pending in the spend ledger), so a batch that might not fit raises
+    :class:`orchestry.llm.cost.BudgetExceeded` without sending anything. Each response is charged and kept as it
+    arrives, then written to the cache with its spend; if one request fails, the others that succeeded are kept
+    and the first error is raised.
+
+    A response whose completion tokens exceed its ``max_tokens`` (a server that ignores the cap, a model that
+    bills hidden reasoning tokens) is charged as reported, cached, and, when a budget is set, halts the tracker:
+    the batch's requests not yet sent are not sent and :class:`orchestry.llm.cost.UsageOverrun` is raised (and
+    by every later batch that would send anything). A response that only costs more than its estimate stops the
+    batch the same way once the budget could be passed (:class:`BudgetExceeded`).
 
     A cache write that fails after the cache's retries does not lose the response: it is still charged and
     returned, the batch's later writes are tried together at its end, and one error line per batch (naming the
     file and the count) is logged; ``cache.write_failures`` counts them. A run is not stopped for a cache it
-    cannot write: what was paid for is used, and only a re-run would pay for it again.
+    cannot write: what was paid for is used, and only a re-run would pay for it again (the ledger keeps the
+    batch's pending reservation then, so the budget is still counted). A ledger that cannot be written before a
+    batch stops the run (:class:`orchestry.llm.cost.SpendNotRecorded`) before anything is sent.
     """
 
     def __init__(self, inner: ChatModel, cache: ResponseCache, tracker: CostTracker | None = None):
         self.inner, self.cache = inner, cache
         self.tracker = tracker or CostTracker()
         self.backend, self.model = inner.backend, inner.model
+        self._warned_overrun = False
 
     def worst_case_usd(self, request: ChatRequest) -> float:
         """Upper-side cost estimate of one request in USD (see the class docstring)."""
@@ -239,7 +397,9 @@ class CachedChat:
         """Answer every request, from the cache when possible; results in input order.
 
         Raises:
-            BudgetExceeded: the misses' worst case does not fit in the budget (nothing was sent).
+            BudgetExceeded: the misses' worst case does not fit in the budget (nothing was sent), or a response
+                cost more than its worst case (:class:`UsageOverrun`; charged and cached, the rest not sent).
+            SpendNotRecorded: the spend ledger cannot be written (nothing was sent).
             Exception: the backend's error for a failed request (successful ones are charged and cached first).
             CacheFileError: the cache file is corrupt (found while looking responses up, before sending).
         """
@@ -258,14 +418,22 @@ class CachedChat:
                 first_of[key] = i
         todo = list(first_of.values())
         if todo:
-            worst = sum(self.worst_case_usd(requests[i]) for i in todo)
+            writes = _Writes(worst={i: self.worst_case_usd(requests[i]) for i in todo})
+            worst = sum(writes.worst.values())
             self.tracker.reserve(worst)
-            writes = _Writes()
             try:
+                self._reserve_ledger(worst, writes)
                 self._send(requests, keys, todo, results, identity, writes)
             finally:
-                self.tracker.release(worst)
+                self.tracker.release(sum(w for i, w in writes.worst.items() if i not in writes.settled))
                 self._finish_writes(writes)
+            if writes.overrun:
+                raise UsageOverrun(writes.overrun, self.tracker.spent_total_usd, self.tracker.limit_usd)
+            if writes.over_limit:
+                tr = self.tracker
+                raise BudgetExceeded(
+                    tr.spent_total_usd, 0.0, tr.limit_usd or 0.0, tr.param, tr.earlier_usd, tr.reset_hint
+                )
         for i, key in enumerate(keys):  # duplicates inside the batch: served by the first copy
             if results[i] is None:
                 src = results[first_of.get(key, i)] or self.cache.get(key)
@@ -274,31 +442,103 @@ class CachedChat:
                 self.tracker.charge(r.prompt_tokens, r.completion_tokens, r.usd, True, requests[i].tags)
         return results  # type: ignore[return-value]
 
+    def _reserve_ledger(self, worst: float, writes: _Writes) -> None:
+        """Record the batch's worst case as pending in the ledger before anything is sent (with a scope)."""
+        scope = self.tracker.scope
+        if scope is None or worst <= 0:
+            return
+        try:
+            self.cache.reserve_spend(scope, worst)
+        except sqlite3.Error as e:
+            raise SpendNotRecorded(
+                f"the spend ledger in {self.cache.path} cannot be written ({type(e).__name__}: {e}): nothing more "
+                "is sent, so that a re-run cannot exceed the budget; run again once the file is writable"
+            ) from None
+        writes.ledger_reserved = True
+
+    @staticmethod
+    def _overran(request: ChatRequest, result: ChatResult) -> bool:
+        """A paid response with more completion tokens than the request's ``max_tokens``."""
+        return result.completion_tokens > request.max_tokens and result.usd > 0
+
+    def _check_usage(self, i: int, request: ChatRequest, result: ChatResult, writes: _Writes) -> None:
+        """After charging response ``i``: usage above ``max_tokens`` halts the run (with a budget); a spend past
+        the limit stops the batch's unsent requests."""
+        tr = self.tracker
+        if self._overran(request, result):
+            reason = (
+                f"{self.backend} model {self.model} answered with {result.completion_tokens} completion tokens to "
+                f"a request capped at max_tokens={request.max_tokens} (the server ignores the cap, or bills "
+                f"hidden reasoning tokens): charged as reported, {result.usd:.4f} USD against a worst case of "
+                f"{writes.worst[i]:.4f} USD"
+            )
+            if tr.limit_usd is None:
+                if not self._warned_overrun:
+                    self._warned_overrun = True
+                    log.warning("%s; no budget is set, so the run goes on", reason)
+                return
+            reason += (
+                f"; the run stops so that the budget stays hard (spent {tr.spent_total_usd:.4f} of "
+                f"{tr.limit_usd:.4f} USD; use a server or model that honours max_tokens)"
+            )
+            tr.halt(reason)
+            writes.overrun = writes.overrun or reason
+            writes.stop.set()
+        elif tr.over_limit():
+            writes.over_limit = True
+            writes.stop.set()
+
     def _store(self, i: int, requests, keys, results, identity, result: ChatResult, writes: _Writes) -> None:
-        """Charge and keep a paid response first, then write it to the cache (a failure is only recorded)."""
+        """Charge and keep a paid response first, then write it and its spend to the cache (a failure is only
+        recorded)."""
         result = replace(result, cached=False)
         results[i] = result
         self.tracker.charge(
             result.prompt_tokens, result.completion_tokens, result.usd, False, requests[i].tags
         )
+        self.tracker.release(writes.worst[i])
+        writes.settled.add(i)
+        self._check_usage(i, requests[i], result, writes)
         row = self.cache.row(keys[i], identity, requests[i], result)
+        spend = []
+        if writes.ledger_reserved and self.tracker.scope is not None:
+            spend = [
+                self.cache.spend_update(
+                    self.tracker.scope, result.usd, 1, result.prompt_tokens, result.completion_tokens,
+                    writes.worst[i],
+                )
+            ]  # fmt: skip
         writes.attempted += 1
         if writes.error is not None:  # the cache already failed in this batch: one more try at its end
             writes.deferred.append(row)
+            writes.deferred_spend.extend(spend)
             return
         try:
-            self.cache.put_rows([row])
+            self.cache.put_rows([row], spend)
         except sqlite3.Error as e:
             writes.failed += 1
             writes.error = e
+            writes.deferred_spend.extend(spend)
 
     def _finish_writes(self, writes: _Writes) -> None:
-        if writes.deferred:
+        spend = list(writes.deferred_spend)
+        unsettled = sum(w for i, w in writes.worst.items() if i not in writes.settled)
+        if writes.ledger_reserved and self.tracker.scope is not None and unsettled > 0:
+            spend.append(self.cache.spend_update(self.tracker.scope, 0.0, 0, 0, 0, unsettled))
+        if writes.deferred or spend:
             try:
-                self.cache.put_rows(writes.deferred)
+                self.cache.put_rows(writes.deferred, spend)
             except sqlite3.Error as e:
                 writes.failed += len(writes.deferred)
                 writes.error = e
+                if spend:
+                    log.error(
+                        "spend ledger in %s: this batch's spend could not be recorded (%s: %s); its worst case "
+                        "stays reserved there and the next run of this experiment counts it as spent",
+                        self.cache.path,
+                        type(e).__name__,
+                        e,
+                    )
         if writes.failed:
             self.cache.write_failures += writes.failed
             log.error(
@@ -319,14 +559,26 @@ class CachedChat:
             return
         workers = max(1, min(getattr(self.inner, "concurrency", 1), len(todo)))
         error: BaseException | None = None
+
+        def send(i: int) -> ChatResult | None:
+            if writes.stop.is_set():  # a response cost more than its worst case: send nothing more
+                return None
+            res = self.inner.complete_batch([requests[i]])[0]
+            if self._overran(requests[i], res) and self.tracker.limit_usd is not None:
+                writes.stop.set()  # at once, before this worker takes the next request (charged in _store)
+            return res
+
         with cf.ThreadPoolExecutor(workers) as pool:
-            futures = {pool.submit(self.inner.complete_batch, [requests[i]]): i for i in todo}
+            futures = {pool.submit(send, i): i for i in todo}
             for fut in cf.as_completed(futures):
                 try:
-                    res = fut.result()[0]
+                    res = fut.result()
                 except BaseException as e:  # keep the others' paid responses, raise the first error after
                     error = error or e
                     continue
-                self._store(futures[fut], requests, keys, results, identity, res, writes)
-        if error is not None:
+                if res is not None:
+                    self._store(futures[fut], requests, keys, results, identity, res, writes)
+        if error is not None and not writes.stop.is_set():
             raise error
+        if error is not None:
+            log.error("a request of the stopped batch failed too: %s: %s", type(error).__name__, error)

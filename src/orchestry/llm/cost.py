@@ -9,7 +9,14 @@ https://docs.anthropic.com/en/docs/about-claude/pricing); check them and overrid
 The budget is hard: :meth:`CostTracker.reserve` refuses a call whose worst case (input tokens estimated from
 the characters sent, output = the call's ``max_tokens``) would push the spend past the limit, *before* the
 call is made, so the spend never exceeds the budget except by the error of the input-token estimate. A
+response whose usage exceeds its worst case (a server that ignores ``max_tokens``, a reasoning model billing
+hidden tokens) is charged as reported and stops the run (:meth:`CostTracker.halt`, :class:`UsageOverrun`). A
 warning is logged once at 80 % of the budget.
+
+The budget covers an experiment across processes: a tracker with a ``scope`` starts from ``earlier_usd``, what
+earlier runs of the same scope spent (the spend ledger in the response cache's database,
+:mod:`orchestry.llm.cache`), so a run stopped by the budget or killed and started again continues the same
+budget instead of a fresh one.
 """
 
 from __future__ import annotations
@@ -47,14 +54,51 @@ CACHE_READ_MULTIPLIER = 0.1
 
 
 class BudgetExceeded(RuntimeError):
-    """The next call would exceed the hard budget; nothing was sent. ``spent_usd``/``limit_usd`` in USD."""
+    """The next call would exceed the hard budget; nothing was sent. ``spent_usd``/``limit_usd`` in USD.
 
-    def __init__(self, spent_usd: float, needed_usd: float, limit_usd: float):
+    ``spent_usd`` includes ``earlier_usd``, the spend of earlier runs of the same budget scope (the ledger);
+    ``param`` is the parameter to raise (``api_grpo.budget_usd``), ``reset`` how to forget the ledger on purpose.
+    """
+
+    def __init__(
+        self,
+        spent_usd: float,
+        needed_usd: float,
+        limit_usd: float,
+        param: str = "api_grpo.budget_usd",
+        earlier_usd: float = 0.0,
+        reset: str = "",
+    ):
         self.spent_usd, self.needed_usd, self.limit_usd = spent_usd, needed_usd, limit_usd
+        self.earlier_usd = earlier_usd
+        earlier = f" ({earlier_usd:.4f} USD of it by earlier runs of this experiment)" if earlier_usd else ""
         super().__init__(
-            f"budget reached: spent {spent_usd:.4f} USD, the next call(s) may cost up to {needed_usd:.4f} USD, "
-            f"limit {limit_usd:.4f} USD (raise api_grpo.budget_usd to continue)"
+            f"budget reached: spent {spent_usd:.4f} USD{earlier}, the next call(s) may cost up to "
+            f"{needed_usd:.4f} USD, limit {limit_usd:.4f} USD (raise {param} to continue"
+            + (f"; {reset}" if reset else "")
+            + ")"
         )
+
+
+class UsageOverrun(BudgetExceeded):
+    """A response cost more than its worst case (usage above ``max_tokens``): it was charged as reported and the
+    run stops, so that the budget stays hard. ``reason`` says which request and by how much."""
+
+    def __init__(self, reason: str, spent_usd: float, limit_usd: float | None):
+        self.reason = reason
+        self.spent_usd, self.needed_usd, self.limit_usd = spent_usd, 0.0, limit_usd
+        self.earlier_usd = 0.0
+        RuntimeError.__init__(self, reason)
+
+
+class SpendNotRecorded(BudgetExceeded):
+    """The spend ledger cannot be written: nothing more is sent, so that a re-run cannot exceed the budget."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        self.spent_usd = self.needed_usd = self.earlier_usd = 0.0
+        self.limit_usd = None
+        RuntimeError.__init__(self, reason)
 
 
 class PriceError(ValueError):
@@ -197,7 +241,12 @@ class CostTracker:
     Attributes:
         budget_usd: the hard total cap in USD (``None``: no cap).
         limit_usd: the cap currently enforced (``<= budget_usd``; a phase may keep part of the budget back).
-        status: ``"ok"``, ``"warned"`` (80 % reached) or ``"exhausted"`` (a call was refused).
+        status: ``"ok"``, ``"warned"`` (80 % reached) or ``"exhausted"`` (a call was refused, or a response cost
+            more than its worst case: :meth:`halt`).
+        scope: the budget scope of the spend ledger (:func:`orchestry.llm.cache.budget_scope`; ``None``: this
+            process only); ``earlier_usd``: what earlier runs of the scope spent, counted against the budget.
+        param: the parameter named in messages (``api_grpo.budget_usd``); ``reset_hint``: how to forget the
+            ledger's spend on purpose (named when the budget is reached).
 
     Only calls actually sent count against the budget; cache hits are counted separately
     (``Usage.cached``) and cost nothing.
@@ -208,36 +257,67 @@ class CostTracker:
     total: Usage = field(default_factory=Usage)
     by_tag: dict[str, Usage] = field(default_factory=lambda: defaultdict(Usage))
     status: str = "ok"
+    scope: str | None = None
+    earlier_usd: float = 0.0
+    param: str = "api_grpo.budget_usd"
+    reset_hint: str = ""
+    halted: str = ""
     _reserved: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         if self.limit_usd is None:
             self.limit_usd = self.budget_usd
+        if self.budget_usd and self.earlier_usd >= WARN_FRACTION * self.budget_usd:
+            self.status = "warned"
 
     @property
     def spent_usd(self) -> float:
+        """USD sent in this process."""
         return self.total.usd
+
+    @property
+    def spent_total_usd(self) -> float:
+        """USD counted against the budget: earlier runs of the scope plus this process."""
+        return self.earlier_usd + self.total.usd
 
     def reserve(self, worst_case_usd: float) -> None:
         """Reserve ``worst_case_usd`` for calls about to be sent (all or nothing).
 
         Raises:
-            BudgetExceeded: spent + reserved + ``worst_case_usd`` > ``limit_usd``; status becomes exhausted.
+            UsageOverrun: the run was halted (:meth:`halt`); nothing more may be sent.
+            BudgetExceeded: earlier + spent + reserved + ``worst_case_usd`` > ``limit_usd``; status becomes
+                exhausted.
         """
         with self._lock:
-            if (
-                self.limit_usd is not None
-                and self.total.usd + self._reserved + worst_case_usd > self.limit_usd
-            ):
+            if self.halted:
                 self.status = "exhausted"
-                raise BudgetExceeded(self.total.usd + self._reserved, worst_case_usd, self.limit_usd)
+                raise UsageOverrun(self.halted, self.spent_total_usd, self.limit_usd)
+            committed = self.earlier_usd + self.total.usd + self._reserved
+            if self.limit_usd is not None and committed + worst_case_usd > self.limit_usd:
+                self.status = "exhausted"
+                raise BudgetExceeded(
+                    committed, worst_case_usd, self.limit_usd, self.param, self.earlier_usd, self.reset_hint
+                )
             self._reserved += worst_case_usd
 
     def release(self, worst_case_usd: float) -> None:
         """Give back a reservation (after the call was charged or failed)."""
         with self._lock:
             self._reserved = max(0.0, self._reserved - worst_case_usd)
+
+    def over_limit(self) -> bool:
+        """Earlier + spent + still reserved exceeds the limit (only after a response cost more than its
+        worst case): the calls not yet sent must not be sent."""
+        with self._lock:
+            committed = self.earlier_usd + self.total.usd + self._reserved
+            return self.limit_usd is not None and committed > self.limit_usd + 1e-12
+
+    def halt(self, reason: str) -> None:
+        """Stop the run: every later :meth:`reserve` raises :class:`UsageOverrun` with ``reason``."""
+        with self._lock:
+            self.halted = self.halted or reason
+            self.status = "exhausted"
 
     def charge(
         self, prompt_tokens: int, completion_tokens: int, usd: float, cached: bool, tags: tuple[str, ...] = ()
@@ -247,23 +327,29 @@ class CostTracker:
             self.total.add(prompt_tokens, completion_tokens, usd, cached)
             for tag in tags:
                 self.by_tag[tag].add(prompt_tokens, completion_tokens, usd, cached)
-            if self.budget_usd and self.status == "ok" and self.total.usd >= WARN_FRACTION * self.budget_usd:
+            spent = self.earlier_usd + self.total.usd
+            if self.budget_usd and self.status == "ok" and spent >= WARN_FRACTION * self.budget_usd:
                 self.status = "warned"
                 log.warning(
-                    "spent %.4f USD = %.0f%% of the budget %.4f USD (api_grpo.budget_usd)",
-                    self.total.usd,
-                    100 * self.total.usd / self.budget_usd,
+                    "spent %.4f USD = %.0f%% of the budget %.4f USD (%s)",
+                    spent,
+                    100 * spent / self.budget_usd,
                     self.budget_usd,
+                    self.param,
                 )
 
     def budget_fraction(self) -> float:
-        """Spent / budget (0 when there is no budget)."""
-        return self.total.usd / self.budget_usd if self.budget_usd else 0.0
+        """Spent (earlier runs of the scope included) / budget (0 when there is no budget)."""
+        return self.spent_total_usd / self.budget_usd if self.budget_usd else 0.0
 
     def snapshot(self) -> dict:
-        """Flat totals for logging: calls, cached_calls, cache_hit_rate, tokens, usd, budget_fraction, status."""
+        """Flat totals for logging: calls, cached_calls, cache_hit_rate, tokens, usd, budget_fraction, status,
+        and ``earlier_usd`` (spent by earlier runs of the budget scope)."""
         d = self.total.to_dict()
         d.update(
-            budget_usd=self.budget_usd, budget_fraction=self.budget_fraction(), budget_status=self.status
+            budget_usd=self.budget_usd,
+            budget_fraction=self.budget_fraction(),
+            budget_status=self.status,
+            earlier_usd=self.earlier_usd,
         )
         return d

@@ -170,6 +170,8 @@ def api_grpo_summary_name(key: str) -> str | None:
         "cache/entries": "cost/cache/entries",
         "budget/budget_usd": "cost/budget_usd",
         "budget/spent_usd": "cost/spent_usd",
+        "budget/spent_this_run_usd": "cost/spent_this_run_usd",
+        "budget/spent_before_usd": "cost/spent_before_usd",
         "budget/fraction": "cost/budget_fraction",
         "budget/eval_budget_fraction": "cost/eval_budget_fraction",
         "judge/calls": "cost/judge_calls",

@@ -1,18 +1,23 @@
 """What the two API-model loops (API-GRPO and the learned orchestrator) share when they open their clients.
 
 Paths relative to the repository root, the options every chat backend of a run is made with, the cost tracker
-with the training share of the hard budget, and the sampling settings sent to the backend. Each loop's
+with the training share of the hard budget and its spend ledger (:func:`open_budget`: the budget covers the
+experiment across runs), and the sampling settings sent to the backend. Each loop's
 ``open_clients`` (:mod:`orchestry.training.api_grpo_setup`, :mod:`orchestry.training.orchestrator`) builds
 on these.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestry.llm.cost import CostTracker
+from orchestry.llm.cache import budget_scope
+from orchestry.llm.cost import WARN_FRACTION, CostTracker
+
+log = logging.getLogger("orchestry.training.api_clients")
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoParams, SamplingParams, TrainOrchestratorParams
@@ -76,10 +81,62 @@ def backend_options(
     )
 
 
-def training_tracker(cfg: ApiGrpoParams | TrainOrchestratorParams) -> CostTracker:
-    """The run's cost tracker: the hard budget, of which training may spend ``1 - eval_budget_fraction``."""
+def training_tracker(cfg: ApiGrpoParams | TrainOrchestratorParams, section: str = "api_grpo") -> CostTracker:
+    """The run's cost tracker: the hard budget (``<section>.budget_usd``), of which training may spend
+    ``1 - eval_budget_fraction``."""
     limit = None if cfg.budget_usd is None else cfg.budget_usd * (1 - cfg.eval_budget_fraction)
-    return CostTracker(budget_usd=cfg.budget_usd, limit_usd=limit)
+    return CostTracker(budget_usd=cfg.budget_usd, limit_usd=limit, param=f"{section}.budget_usd")
+
+
+def open_budget(
+    tracker: CostTracker,
+    cache: ResponseCache,
+    stage: str,
+    cfg: ApiGrpoParams | TrainOrchestratorParams,
+    sampling: SamplingParams,
+) -> None:
+    """Attach the spend ledger of this experiment to ``tracker`` (API backends only; the local one is free).
+
+    The scope is the stage and a hash of its params section and ``sampling`` without the budget, timeouts,
+    retries and parallelism (:func:`orchestry.llm.cache.budget_scope`): a re-run of the same experiment, after a
+    budget stop, a crash or a kill, starts from what the earlier runs spent (logged), and raising
+    ``budget_usd`` is the one way to spend more. ``orchestry budget --reset SCOPE`` forgets a scope on purpose.
+
+    Raises:
+        CacheFileError: the ledger cannot be read or written (before any work).
+    """
+    if cfg.backend == "local":
+        return
+    scope, params = budget_scope(
+        stage, cfg.model_dump(mode="json"), {"sampling": sampling.model_dump(mode="json")}
+    )
+    earlier, orphaned = cache.open_spend(scope, stage, params)
+    where = repo_relative(cache.path)
+    tracker.scope, tracker.earlier_usd = scope, earlier
+    tracker.reset_hint = (
+        f"the spend of this experiment's earlier runs is kept in {where}; `orchestry budget --reset {scope} "
+        f"--cache {where}` forgets it on purpose"
+    )
+    if orphaned > 0:
+        log.warning(
+            "budget %s: an earlier run was stopped with requests in flight; their worst case, %.4f USD, is "
+            "counted as spent",
+            scope,
+            orphaned,
+        )
+    if earlier > 0:
+        cap = "no budget" if cfg.budget_usd is None else f"the budget of {cfg.budget_usd:.4f} USD"
+        log.warning(
+            "budget %s: earlier runs of this experiment spent %.4f USD of %s (ledger %s); this run continues "
+            "that budget (raise %s to spend more)",
+            scope,
+            earlier,
+            cap,
+            where,
+            tracker.param,
+        )
+        if tracker.budget_usd and earlier >= WARN_FRACTION * tracker.budget_usd:
+            tracker.status = "warned"
 
 
 def sampling_settings(

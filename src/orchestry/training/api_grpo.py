@@ -595,9 +595,12 @@ class ApiGrpoRun:
                 "entries": len(self.c.cache),
                 "path": repo_relative(self.c.cache.path),
             },
-            "budget": {
+            "budget": {  # the budget covers the experiment (scope) across runs: earlier runs' spend counts
                 "budget_usd": tr.budget_usd,
-                "spent_usd": tr.total.usd,
+                "spent_usd": tr.spent_total_usd,
+                "spent_this_run_usd": tr.total.usd,
+                "spent_before_usd": tr.earlier_usd,
+                "scope": tr.scope,
                 "fraction": tr.budget_fraction(),
                 "status": tr.status,
                 "eval_budget_fraction": self.cfg.eval_budget_fraction,

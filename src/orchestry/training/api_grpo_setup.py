@@ -20,6 +20,7 @@ from orchestry.tasks.story import Story
 from orchestry.training.api_clients import (
     Clients,
     backend_options,
+    open_budget,
     resolve_path,
     sampling_settings,
     training_tracker,
@@ -39,7 +40,9 @@ def open_clients(
     """Build backend(s), cache and cost tracker; every misconfiguration raises here, before any work.
 
     Order of checks: model name, API key (``BackendConfigError`` naming the variable), price
-    (``PriceError`` naming ``api_grpo.prices``), server reachability (``preflight``), then the cache file.
+    (``PriceError`` naming ``api_grpo.prices``), server reachability (``preflight``), then the cache file and
+    its spend ledger (what earlier runs of this experiment spent counts against the budget:
+    :func:`orchestry.training.api_clients.open_budget`).
 
     Raises:
         BackendConfigError, PriceError: see above.
@@ -63,8 +66,13 @@ def open_clients(
         policy.preflight()
         if judge_backend is not None and judge_backend is not policy:
             judge_backend.preflight()
-    tracker = training_tracker(cfg)
+    tracker = training_tracker(cfg, "api_grpo")
     cache = ResponseCache(cache_path or resolve_path(cfg.cache_path))
+    try:
+        open_budget(tracker, cache, "train_api_grpo", cfg, sampling)
+    except BaseException:
+        cache.close()
+        raise
     chat = CachedChat(policy, cache, tracker)
     judge_chat = None
     if judge_backend is not None:

@@ -55,6 +55,7 @@ from orchestry.tasks.agent_pool import (
 from orchestry.training.api_clients import (
     Clients,
     backend_options,
+    open_budget,
     resolve_path,
     sampling_settings,
     training_tracker,
@@ -107,8 +108,13 @@ def open_clients(
     backend.price = require_price(backend.model, cfg.prices, local, cfg.budget_usd)
     if cfg.preflight:
         backend.preflight()
-    tracker = training_tracker(cfg)
+    tracker = training_tracker(cfg, "train_orchestrator")
     cache = ResponseCache(cache_path or resolve_path(cfg.cache_path))
+    try:
+        open_budget(tracker, cache, "train_orchestrator", cfg, sampling)
+    except BaseException:
+        cache.close()
+        raise
     temperature, top_p = sampling_settings(cfg, sampling)
     return Clients(CachedChat(backend, cache, tracker), tracker, cache, cfg.max_tokens, temperature, top_p)
 
@@ -346,6 +352,10 @@ class OrchestratorRun:
                 **total,
                 "budget_usd": self.c.tracker.budget_usd,
                 "budget_status": self.c.tracker.status,
+                # the budget covers the experiment (scope) across runs: earlier runs' spend counts against it
+                "budget_spent_usd": self.c.tracker.spent_total_usd,
+                "budget_spent_before_usd": self.c.tracker.earlier_usd,
+                "budget_scope": self.c.tracker.scope,
             },
             "cache": {"hit_rate": total["cache_hit_rate"], "entries": len(self.c.cache)},
             "sandbox_programs": self.env.scorer.runs,
