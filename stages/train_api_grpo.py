@@ -16,7 +16,7 @@ import mlflow
 
 from orchestry.algorithms.behaviors import LibraryError
 from orchestry.analysis.metrics import flat_numbers as _flat_numbers
-from orchestry.llm.backends import BackendConfigError
+from orchestry.llm.backends import BackendConfigError, BackendError
 from orchestry.llm.cost import PriceError
 from orchestry.overrides import OverrideError, read_overrides
 from orchestry.problems import read_problems
@@ -63,25 +63,32 @@ def main() -> None:
     except (BackendConfigError, PriceError) as e:
         sys.exit(f"error: {e}")
     logged = {**cfg.model_dump(), "sampling": params.sampling.model_dump()}
-    with stage_run("train_api_grpo", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
-        summary = run_api_grpo(
-            cfg,
-            params.sampling,
-            train,
-            test,
-            lambda: open_sandbox(params),
-            OUT,
-            on_metrics=log_metrics,
-            clients=clients,
-            confidence=params.intervals.confidence,
-            n_boot=params.intervals.resamples,
-            overrides=overrides,
-        )
-        log_metrics(renamed(_flat_numbers(summary), api_grpo_summary_name))
-        mlflow.set_tags(
-            {"budget_status": summary["budget"]["status"], "eval_status": summary["eval"].get("status", "")}
-        )
-        mlflow.log_artifacts(OUT, "api_grpo")
+    try:  # a request that failed for good (HTTP error, unreachable server, unusable answers): one line
+        with stage_run("train_api_grpo", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
+            summary = run_api_grpo(
+                cfg,
+                params.sampling,
+                train,
+                test,
+                lambda: open_sandbox(params),
+                OUT,
+                on_metrics=log_metrics,
+                clients=clients,
+                confidence=params.intervals.confidence,
+                n_boot=params.intervals.resamples,
+                overrides=overrides,
+            )
+            log_metrics(renamed(_flat_numbers(summary), api_grpo_summary_name))
+            mlflow.set_tags(
+                {
+                    "budget_status": summary["budget"]["status"],
+                    "eval_status": summary["eval"].get("status", ""),
+                }
+            )
+            mlflow.log_artifacts(OUT, "api_grpo")
+    except BackendError as e:  # the MLflow run is marked FAILED on the way out
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
     ev = summary["eval"]
     brief = {
         "episodes": summary["episodes_completed"],

@@ -15,7 +15,7 @@ import time
 import mlflow
 
 from orchestry.analysis.metrics import flat_numbers as _flat_numbers
-from orchestry.llm.backends import BackendConfigError
+from orchestry.llm.backends import BackendConfigError, BackendError
 from orchestry.llm.cost import PriceError
 from orchestry.problems import read_problems
 from orchestry.runtime import open_sandbox, run_stage, start_stage
@@ -43,27 +43,31 @@ def main() -> None:
     except (BackendConfigError, PriceError) as e:
         sys.exit(f"error: {e}")
     logged = {**cfg.model_dump(), "sampling": params.sampling.model_dump()}
-    with stage_run("train_orchestrator", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
-        summary = run_orchestrator(
-            cfg,
-            params.sampling,
-            train,
-            test,
-            lambda: open_sandbox(params),
-            OUT,
-            POLICY,
-            on_metrics=_log,
-            clients=clients,
-            confidence=params.intervals.confidence,
-            n_boot=params.intervals.resamples,
-        )
-        flat = _flat_numbers({k: summary[k] for k in ("train", "eval", "learned", "cost", "cache")})
-        _log(renamed(flat, orchestrator_summary_name))
-        mlflow.set_tags(
-            {"eval_status": summary["eval"]["status"], "budget_status": summary["cost"]["budget_status"]}
-        )
-        mlflow.log_artifacts(OUT, "orchestrator")
-        mlflow.log_artifacts(POLICY, "policy")
+    try:  # a request that failed for good (HTTP error, unreachable server, unusable answers): one line
+        with stage_run("train_orchestrator", logged, params.mlflow.experiment, params.mlflow.tracking_uri):
+            summary = run_orchestrator(
+                cfg,
+                params.sampling,
+                train,
+                test,
+                lambda: open_sandbox(params),
+                OUT,
+                POLICY,
+                on_metrics=_log,
+                clients=clients,
+                confidence=params.intervals.confidence,
+                n_boot=params.intervals.resamples,
+            )
+            flat = _flat_numbers({k: summary[k] for k in ("train", "eval", "learned", "cost", "cache")})
+            _log(renamed(flat, orchestrator_summary_name))
+            mlflow.set_tags(
+                {"eval_status": summary["eval"]["status"], "budget_status": summary["cost"]["budget_status"]}
+            )
+            mlflow.log_artifacts(OUT, "orchestrator")
+            mlflow.log_artifacts(POLICY, "policy")
+    except BackendError as e:  # the MLflow run is marked FAILED on the way out
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
     methods = summary["eval"]["methods"]
     brief = {
         m: {k: round(s[k]["mean"], 3) for k in ("reward", "tokens", "objective")} for m, s in methods.items()

@@ -1,8 +1,8 @@
 """Local HTTP servers that speak the Anthropic Messages API and the OpenAI chat-completions API (tests only).
 
 Stdlib ``http.server`` in a thread. Every request is recorded (method, path, headers, JSON body); a
-``script`` of ``(status, headers, body)`` answers is served first (to inject 429/500), then ``reply(body)``
-gives the text of a normal answer. Usage fields follow the real response shapes:
+``script`` of ``(status, headers, body)`` answers is served first (to inject 429/500, a 200 whose body is not JSON
+when ``body`` is bytes, an answer without choices), then ``reply(body)`` gives the text of a normal answer. Usage fields follow the real response shapes:
 Anthropic ``usage.input_tokens/output_tokens`` (plus optional cache fields), OpenAI
 ``usage.prompt_tokens/completion_tokens/total_tokens``.
 """
@@ -25,7 +25,7 @@ class _Server:
 
     def __init__(self, reply: Callable[[dict], str] | None = None, usage: dict | None = None):
         self.requests: list[dict] = []
-        self.script: list[tuple[int, dict, dict]] = []
+        self.script: list[tuple[int, dict, dict | bytes]] = []
         self.reply = reply or (lambda body: "hello")
         self.usage = usage  # fixed usage override (else derived from the text lengths)
         self.lock = threading.Lock()
@@ -42,10 +42,12 @@ class _Server:
             def log_message(self, *args):  # quiet
                 pass
 
-            def _send(self, status: int, headers: dict, body: dict) -> None:
-                data = json.dumps(body).encode()
+            def _send(self, status: int, headers: dict, body: dict | bytes) -> None:
+                # bytes: sent as they are (a body that is not JSON, e.g. a proxy's HTML page or a cut-off answer)
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                if "Content-Type" not in headers:
+                    self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 for k, v in headers.items():
                     self.send_header(k, v)

@@ -21,13 +21,22 @@ from orchestry.config import ApiGrpoParams, SamplingParams
 from orchestry.llm.backends import (
     AnthropicChat,
     BackendConfigError,
+    BackendError,
     ChatRequest,
     LocalChat,
     OpenAICompatibleChat,
     make_backend,
 )
 from orchestry.llm.cache import CachedChat, ResponseCache, cache_key
-from orchestry.llm.cost import BudgetExceeded, CostTracker, Price, PriceError, price_for, require_price
+from orchestry.llm.cost import (
+    BudgetExceeded,
+    CostTracker,
+    Price,
+    PriceError,
+    UsageOverrun,
+    price_for,
+    require_price,
+)
 from orchestry.problems import make_problem
 from orchestry.runtime import write_jsonl
 from orchestry.training.api_grpo import open_clients
@@ -77,15 +86,14 @@ def test_anthropic_sdk_retries_429_and_500_and_usage_becomes_cost(key) -> None:
 
 
 def test_anthropic_sdk_gives_up_after_max_retries(key) -> None:
-    import anthropic
-
     srv = FakeAnthropic()
     srv.script = [anthropic_error(500, "api_error")] * 5
     with srv.running():
         chat = AnthropicChat("claude-haiku-4-5", base_url=srv.url, max_retries=1, price=HAIKU)
-        with pytest.raises(anthropic.InternalServerError):
+        with pytest.raises(BackendError, match="anthropic request failed after 1 retries: HTTP 500") as err:
             chat.complete("hi", max_tokens=5)
     assert len(srv.posts) == 2  # one try + max_retries=1
+    assert "injected 500" in str(err.value) and "\n" not in str(err.value)  # the server's message, one line
 
 
 def test_anthropic_prompt_cache_tokens_are_priced(key) -> None:
@@ -367,6 +375,221 @@ def test_prices_and_overrides() -> None:
     with pytest.raises(PriceError, match="api_grpo.prices"):
         require_price("my-model", {}, free=False, budget_usd=1.0)
     assert require_price("anything", {}, free=True, budget_usd=1.0) == Price(0, 0)
+
+
+# ---- a hard budget across processes (the spend ledger) --------------------------------------------------------
+_KILLED_RUN = """
+import sys
+from orchestry.llm.backends import ChatRequest, OpenAICompatibleChat
+from orchestry.llm.cache import CachedChat, ResponseCache
+from orchestry.llm.cost import CostTracker, Price
+
+path, url = sys.argv[1], sys.argv[2]
+cache = ResponseCache(path)
+earlier, _ = cache.open_spend("train_api_grpo:test")
+tracker = CostTracker(budget_usd=1.0, scope="train_api_grpo:test", earlier_usd=earlier)
+chat = CachedChat(OpenAICompatibleChat("m", url, price=Price(1000.0, 1000.0), concurrency=4), cache, tracker)
+reqs = [ChatRequest((("user", f"{kind} {i}"),), None, 0, 100) for i, kind in enumerate(["fast", "fast", "slow", "slow"])]
+chat.complete_batch(reqs)
+"""
+
+
+def _ledger_row(path: Path, scope: str) -> dict | None:
+    """The spend ledger's row of ``scope``, read as another process would (a connection of its own)."""
+    import sqlite3
+
+    con = sqlite3.connect(path, timeout=5)
+    try:
+        con.row_factory = sqlite3.Row
+        row = con.execute("SELECT * FROM spend WHERE scope = ?", (scope,)).fetchone()
+        return dict(row) if row else None
+    finally:
+        con.close()
+
+
+def test_spend_of_a_killed_run_counts_against_the_next_run(tmp_path) -> None:
+    """SIGKILL with two requests paid and two in flight: the next run starts from the paid ones plus the in-flight
+    ones' worst case (the ledger may overstate, never understate), and its budget is what is left."""
+    import signal
+    import threading
+    import time
+
+    release = threading.Event()
+
+    def reply(body: dict) -> str:
+        if body["messages"][-1]["content"].startswith("slow"):
+            release.wait(60)  # in flight when the client is killed
+        return "ok"
+
+    srv = FakeOpenAI(reply=reply, usage={"prompt_tokens": 10, "completion_tokens": 90})  # 0.1 USD a call
+    path = tmp_path / "cache.sqlite"
+    with srv.running():
+        proc = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, str(path), srv.url + "/v1"])
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline:  # both fast responses paid and in the ledger, both slow ones sent
+                row = _ledger_row(path, "train_api_grpo:test") if path.exists() else None
+                if row and row["calls"] == 2 and len(srv.posts) == 4:
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail(f"the run did not get going: {row}, {len(srv.posts)} posts")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        finally:
+            release.set()
+            if proc.poll() is None:
+                proc.kill()
+    paid = _ledger_row(path, "train_api_grpo:test")
+    assert paid["usd"] == pytest.approx(0.2) and paid["pending_usd"] > 0  # the killed batch's reservation
+    cache = ResponseCache(path)
+    earlier, orphaned = cache.open_spend("train_api_grpo:test")
+    worst = CachedChat(
+        OpenAICompatibleChat("m", "http://x/v1", price=Price(1000.0, 1000.0)), cache
+    ).worst_case_usd(ChatRequest((("user", "slow 2"),), None, 0, 100))
+    # the in-flight requests count at their worst case: 2 x ~0.11 USD, so the next run starts at >= 0.4 USD
+    assert orphaned == pytest.approx(2 * worst) and earlier == pytest.approx(0.2 + 2 * worst)
+    assert earlier >= 0.4
+    assert _ledger_row(path, "train_api_grpo:test")["pending_usd"] == 0  # counted once, not at every start
+
+
+def test_budget_scope_ignores_the_budget_and_the_retries_but_not_the_experiment() -> None:
+    from orchestry.llm.cache import budget_scope
+
+    cfg = ApiGrpoParams(backend="openai_compatible", model="m", base_url="http://x/v1")
+    scope = budget_scope("train_api_grpo", cfg.model_dump(mode="json"))[0]
+    assert scope.startswith("train_api_grpo:")
+    same = cfg.model_copy(update={"budget_usd": 5.0, "timeout_s": 9.0, "max_retries": 1, "concurrency": 1})
+    assert budget_scope("train_api_grpo", same.model_dump(mode="json"))[0] == scope
+    for other in ({"seed": 1}, {"model": "m2"}, {"num_episodes": 3}):
+        assert (
+            budget_scope("train_api_grpo", cfg.model_copy(update=other).model_dump(mode="json"))[0] != scope
+        )
+    assert budget_scope("train_orchestrator", cfg.model_dump(mode="json"))[0] != scope
+
+
+def test_open_clients_continues_the_budget_of_earlier_runs(tmp_path, caplog) -> None:
+    """Two processes' worth of clients on one experiment: the second starts from the first one's spend, says so,
+    and refuses what no longer fits; a raised budget is the way to spend more."""
+    srv = FakeOpenAI(usage={"prompt_tokens": 10, "completion_tokens": 90})
+    prices = {"m": {"input_usd_per_mtok": 1000.0, "output_usd_per_mtok": 1000.0}}  # 0.1 USD a call
+    req = lambda i: ChatRequest((("user", f"q{i}"),), None, 0, 100)  # noqa: E731
+    with srv.running():
+        cfg = ApiGrpoParams(backend="openai_compatible", model="m", base_url=srv.url + "/v1", prices=prices,
+                            budget_usd=0.35, eval_budget_fraction=0.0, cache_path=str(tmp_path / "c.sqlite"))  # fmt: skip
+        first = open_clients(cfg, SamplingParams())
+        for i in range(3):
+            first.chat.complete_batch([req(i)])
+        first.close()  # the process ends: 0.3 USD spent
+        with caplog.at_level(logging.WARNING):
+            second = open_clients(cfg.model_copy(update={"timeout_s": 5.0}), SamplingParams())
+        assert second.tracker.earlier_usd == pytest.approx(0.3)
+        assert "earlier runs of this experiment spent 0.3000 USD" in caplog.text
+        assert [r.cached for r in second.chat.complete_batch([req(0), req(1)])] == [True, True]  # free
+        with pytest.raises(BudgetExceeded, match="0.3000 USD of it by earlier runs") as err:
+            second.chat.complete_batch([req(3)])
+        assert "orchestry budget --reset train_api_grpo:" in str(err.value)
+        assert "api_grpo.budget_usd" in str(err.value)
+        second.close()
+        assert len(srv.posts) == 3  # before the ledger, this second process spent a fresh 0.35 USD
+        third = open_clients(cfg.model_copy(update={"budget_usd": 0.45}), SamplingParams())
+        third.chat.complete_batch([req(3)])
+        assert third.tracker.spent_total_usd == pytest.approx(0.4) and len(srv.posts) == 4
+        third.close()
+
+
+# ---- usage above max_tokens ---------------------------------------------------------------------------------
+def test_usage_above_max_tokens_is_charged_and_stops_at_once(tmp_path) -> None:
+    srv = FakeOpenAI(usage={"prompt_tokens": 10, "completion_tokens": 5000})  # a server that ignores the cap
+    tracker = CostTracker(budget_usd=0.2)
+    with srv.running():
+        backend = OpenAICompatibleChat("m", srv.url + "/v1", price=Price(100.0, 100.0), concurrency=2)
+        chat = CachedChat(backend, ResponseCache(tmp_path / "c.sqlite"), tracker)
+        reqs = [ChatRequest((("user", f"q{i}"),), None, 0, 16) for i in range(8)]
+        with pytest.raises(
+            UsageOverrun, match="5000 completion tokens to a request capped at max_tokens=16"
+        ) as err:
+            chat.complete_batch(reqs)
+        sent = len(srv.posts)
+        assert 1 <= sent <= 2  # the overrun and at most the one already in flight; the other 6 never sent
+        assert tracker.total.calls == sent and tracker.total.usd == pytest.approx(
+            sent * 5010 * 1e-4
+        )  # as reported
+        assert tracker.status == "exhausted" and "budget stays hard" in str(err.value)
+        with pytest.raises(UsageOverrun):  # the run is over: nothing more is sent
+            chat.complete_batch([ChatRequest((("user", "later"),), None, 0, 16)])
+        assert len(srv.posts) == sent
+        assert len(chat.cache) == sent  # paid for: replayed free by a re-run
+
+
+# ---- 200 answers that cannot be used --------------------------------------------------------------------------
+_NOT_JSON = (200, {}, b"<html><body>502 Bad Gateway</body></html>")
+_HTML = (200, {"Content-Type": "text/html"}, b"<html><body>maintenance</body></html>")
+_NO_CHOICES = (200, {}, {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}})  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", [_NOT_JSON, _HTML, _NO_CHOICES], ids=["not_json", "html", "no_choices"])
+def test_openai_unusable_200_is_retried_never_cached_then_one_line(tmp_path, fault) -> None:
+    srv = FakeOpenAI(reply=lambda b: "real answer", usage={"prompt_tokens": 10, "completion_tokens": 5})
+    srv.script = [fault]
+    tracker = CostTracker(budget_usd=1.0)
+    with srv.running():
+        chat = CachedChat(
+            OpenAICompatibleChat("m", srv.url + "/v1", max_retries=2, price=Price(1.0, 1.0)),
+            ResponseCache(tmp_path / "c.sqlite"),
+            tracker,
+        )
+        res = chat.complete("q", max_tokens=8)
+        assert res.text == "real answer" and len(srv.posts) == 2  # retried like a 5xx
+        assert tracker.total.calls == 1 and tracker.total.usd == pytest.approx(15e-6)  # charged once
+        srv.script = [fault] * 3
+        with pytest.raises(BackendError, match="failed after 2 retries") as err:
+            chat.complete("another", max_tokens=8)
+        assert len(srv.posts) == 5 and "\n" not in str(err.value) and srv.url in str(err.value)
+        assert tracker.total.calls == 1 and len(chat.cache) == 1  # the fault is neither charged nor cached
+        again = chat.complete("another", max_tokens=8)  # so a re-run asks again instead of replaying it
+        assert again.text == "real answer" and not again.cached
+
+
+def test_anthropic_body_that_is_not_json_is_retried_then_one_line(key, tmp_path) -> None:
+    srv = FakeAnthropic(reply=lambda b: "fine", usage={"input_tokens": 10, "output_tokens": 3})
+    srv.script = [_NOT_JSON, _HTML]
+    with srv.running():
+        chat = AnthropicChat("claude-haiku-4-5", base_url=srv.url, max_retries=2, price=HAIKU)
+        assert chat.complete("hi", max_tokens=5).text == "fine" and len(srv.posts) == 3
+        srv.script = [_NOT_JSON] * 2
+        with pytest.raises(BackendError, match="anthropic request failed after 1 retries: .* not JSON"):
+            AnthropicChat("claude-haiku-4-5", base_url=srv.url, max_retries=1, price=HAIKU).complete("x")
+        assert len(srv.posts) == 5
+
+
+def test_stage_prints_one_line_when_the_server_keeps_answering_garbage(tmp_path) -> None:
+    """The API stage against a server whose every 200 answer is HTML: retried, then one `error:` line, exit 1."""
+    problem = make_problem(
+        {"task_id": "T/0", "entry_point": "inc", "prompt": "def inc(x):\n    \"\"\"x + 1\"\"\"\n",
+         "test": "def check(candidate):\n    assert candidate(1) == 2\n"}
+    )  # fmt: skip
+    for split in ("train", "test"):
+        write_jsonl(tmp_path / "data" / "problems" / f"{split}.jsonl", [problem.to_dict()])
+    srv = FakeOpenAI()
+    srv.script = [_NOT_JSON] * 100
+    with srv.running():
+        (tmp_path / "params.yaml").write_text(
+            f"api_grpo:\n  backend: openai_compatible\n  model: m\n  base_url: {srv.url}/v1\n  max_retries: 1\n"
+            "  concurrency: 1\n  num_episodes: 1\n  prices: {m: {input_usd_per_mtok: 1, output_usd_per_mtok: 1}}\n"
+            "sandbox:\n  workers: 1\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "stages" / "train_api_grpo.py")], cwd=tmp_path,
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "not JSON" in errors[0] and "after 1 retries" in errors[0], proc.stderr[
+        -2000:
+    ]
 
 
 # ---- local backend ----------------------------------------------------------------------------------------------

@@ -18,6 +18,12 @@ samples them in as few batched ``generate`` calls as possible; the API backends 
   :class:`BackendConfigError` (refused key) or a ``RuntimeError`` naming the HTTP status or the server URL.
 * ``local``: the transformers model of the pipeline (:mod:`orchestry.llm.local`); free, offline, seeded.
 
+A 200 answer that cannot be used (a body that is not JSON, e.g. a proxy's HTML page or a cut-off stream; an
+OpenAI-compatible answer without ``choices``) is a fault like a 5xx: retried ``max_retries`` times (0.5 s x
+2^attempt, at most 8 s), never returned, so never cached or charged; after the last try it raises
+:class:`BackendError`, one line naming the server and what it sent. Every request that fails for good raises a
+:class:`BackendError` (a ``RuntimeError``), which the stages print as one line.
+
 Misconfiguration (missing key, missing ``base_url``, unreachable server, rejected key) raises
 :class:`BackendConfigError` from the constructor or :meth:`preflight`, before any work, naming the parameter
 or environment variable to set.
@@ -50,6 +56,42 @@ from orchestry.llm.chat import (
 from orchestry.llm.cost import FREE, Price
 
 log = logging.getLogger("orchestry.llm.backends")
+
+FAULT_RETRY_BASE_S = (
+    0.5  # wait before retrying an unusable 200 answer: base x 2^attempt (the SDKs' own backoff)
+)
+FAULT_RETRY_MAX_S = 8.0
+
+
+class BackendError(RuntimeError):
+    """A request failed for good (after the retries): an HTTP error, an unreachable server, or an answer that
+    cannot be used; the message is one line naming the server and the cause."""
+
+
+class _Unusable(Exception):
+    """A 200 answer that cannot be used (not JSON, no choices): retried like a 5xx (see :func:`_retry_unusable`)."""
+
+
+def _snippet(text: object, n: int = 80) -> str:
+    """At most ``n`` characters of a body, on one line."""
+    one = " ".join(str(text).split())
+    return repr(one[:n] + ("..." if len(one) > n else ""))
+
+
+def _retry_unusable(attempt_once, max_retries: int, what: str):
+    """``attempt_once()``, tried again (``max_retries`` times, with the SDKs' backoff) while it raises
+    :class:`_Unusable`; then :class:`BackendError` ``"<what> failed after N retries: <cause>"``."""
+    for attempt in range(max_retries + 1):
+        try:
+            return attempt_once()
+        except _Unusable as e:
+            if attempt >= max_retries:
+                retries = f" after {max_retries} retries" if max_retries else ""
+                raise BackendError(f"{what} failed{retries}: {e}") from None
+            wait = min(FAULT_RETRY_MAX_S, FAULT_RETRY_BASE_S * 2**attempt)
+            log.warning("%s: %s; retrying in %.1f s", what, e, wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 _TRACING_LOCK = threading.Lock()
@@ -145,6 +187,7 @@ class AnthropicChat(_SDKChat):
             )
         self.model, self.price, self.concurrency = model, price, concurrency
         self.api_key_env, self.base_url, self.seed = api_key_env, base_url, seed
+        self.max_retries = max_retries
         self._anthropic = anthropic
         self.client = anthropic.Anthropic(
             api_key=key, base_url=base_url, max_retries=max_retries, timeout=timeout_s
@@ -179,6 +222,9 @@ class AnthropicChat(_SDKChat):
             log.warning("preflight: GET /v1/models answered %s; continuing", e.status_code)
 
     def _one(self, request: ChatRequest) -> ChatResult:
+        return _retry_unusable(lambda: self._attempt(request), self.max_retries, "anthropic request")
+
+    def _attempt(self, request: ChatRequest) -> ChatResult:
         t0 = time.time()
         extra = {
             k: v for k, v in (("temperature", request.temperature), ("top_p", request.top_p)) if v is not None
@@ -192,7 +238,24 @@ class AnthropicChat(_SDKChat):
             kwargs["system"] = request.system
         if extra:
             kwargs["extra_body"] = extra
-        msg = self.client.messages.create(**kwargs)
+        where = str(self.client.base_url).rstrip("/")
+        a = self._anthropic
+        try:
+            msg = self.client.messages.create(**kwargs)
+        except json.JSONDecodeError as e:  # a 200 whose body is not JSON: the SDK does not retry it
+            raise _Unusable(f"{where} answered with a body that is not JSON ({_snippet(e.doc)})") from None
+        except a.APIConnectionError as e:  # refused, reset or timed out, after the SDK's retries
+            raise BackendError(
+                f"{_failed('anthropic', e)}: cannot reach the Anthropic API at {where} ({_cause(e)})"
+            ) from e
+        except (a.AuthenticationError, a.PermissionDeniedError) as e:
+            raise BackendConfigError(
+                f"the Anthropic API rejected the key in {self.api_key_env} ({e.status_code}); set a valid key"
+            ) from e
+        except a.APIStatusError as e:  # 400, 404, ... at once; 408/409/429/5xx after the SDK's retries
+            raise BackendError(f"{_failed('anthropic', e)}: HTTP {e.status_code}: {_body(e)}") from e
+        if isinstance(msg, str) or not hasattr(msg, "content") or not hasattr(msg, "usage"):
+            raise _Unusable(f"{where} answered with a body that is not a message ({_snippet(msg)})")
         text = "".join(getattr(b, "text", "") for b in msg.content if getattr(b, "type", "") == "text")
         u = msg.usage
         fresh, out = int(u.input_tokens or 0), int(u.output_tokens or 0)
@@ -313,7 +376,6 @@ class OpenAICompatibleChat(_SDKChat):
             log.warning("preflight: GET %s/models: %s; continuing", self.base_url, e)
 
     def _one(self, request: ChatRequest) -> ChatResult:
-        o = self._openai
         msgs = ([{"role": "system", "content": request.system}] if request.system else []) + [
             {"role": r, "content": c} for r, c in request.messages
         ]
@@ -328,11 +390,21 @@ class OpenAICompatibleChat(_SDKChat):
             kwargs["temperature"] = request.temperature
         if request.top_p is not None:
             kwargs["top_p"] = request.top_p
+        return _retry_unusable(
+            lambda: self._attempt(kwargs, request), self.max_retries, "openai_compatible request"
+        )
+
+    def _attempt(self, kwargs: dict, request: ChatRequest) -> ChatResult:
+        o = self._openai
         t0 = time.time()
         try:
             completion = self.client.chat.completions.create(**kwargs)
+        except json.JSONDecodeError as e:  # a 200 whose body is not JSON: the SDK does not retry it
+            raise _Unusable(
+                f"{self.base_url} answered with a body that is not JSON ({_snippet(e.doc)})"
+            ) from None
         except o.APIConnectionError as e:  # refused, reset or timed out, after the SDK's retries
-            raise RuntimeError(
+            raise BackendError(
                 f"{_failed(e)}: cannot reach the server at api_grpo.base_url = {self.base_url} ({_cause(e)})"
             ) from e
         except (o.AuthenticationError, o.PermissionDeniedError) as e:
@@ -340,12 +412,20 @@ class OpenAICompatibleChat(_SDKChat):
                 f"{self.base_url} refused the key ({e.status_code}); check api_grpo.api_key_env"
             ) from e
         except o.APIStatusError as e:  # 400, 404, ... at once; 408/409/429/5xx after the SDK's retries
-            raise RuntimeError(f"{_failed(e)}: HTTP {e.status_code}: {_body(e)}") from e
+            raise BackendError(f"{_failed(e)}: HTTP {e.status_code}: {_body(e)}") from e
         return self._result(completion, request, time.time() - t0)
 
     def _result(self, completion, request: ChatRequest, seconds: float) -> ChatResult:
+        """The result of a completion; an answer that is not a completion (a body the SDK returned as text) or has
+        no choices raises :class:`_Unusable` (retried, never cached or charged)."""
+        if isinstance(completion, str | bytes) or not hasattr(completion, "choices"):
+            raise _Unusable(
+                f"{self.base_url} answered with a body that is not a completion ({_snippet(completion)})"
+            )
         choices = getattr(completion, "choices", None) or []
-        choice = choices[0] if choices else None
+        if not choices:
+            raise _Unusable(f"{self.base_url} answered without choices (an empty 'choices' list)")
+        choice = choices[0]
         message = getattr(choice, "message", None)
         text = getattr(message, "content", None) or ""
         usage = getattr(completion, "usage", None)
@@ -371,14 +451,15 @@ class OpenAICompatibleChat(_SDKChat):
         self.client.close()
 
 
-def _failed(e) -> str:
-    """``openai_compatible request failed`` and, if the SDK retried, after how many retries (the count it sent
-    with its last attempt in ``x-stainless-retry-count``)."""
+def _failed(backend_or_e, e=None) -> str:
+    """``<backend> request failed`` (``openai_compatible`` unless named) and, if the SDK retried, after how many
+    retries (the count it sent with its last attempt in ``x-stainless-retry-count``)."""
+    backend, e = ("openai_compatible", backend_or_e) if e is None else (backend_or_e, e)
     try:
         retries = int(e.request.headers.get("x-stainless-retry-count", 0))
     except (AttributeError, TypeError, ValueError):
         retries = 0
-    return "openai_compatible request failed" + (f" after {retries} retries" if retries else "")
+    return f"{backend} request failed" + (f" after {retries} retries" if retries else "")
 
 
 def _cause(e: BaseException) -> str:
