@@ -106,6 +106,20 @@ def test_unreadable_problems_file_is_one_line(files: dict[str, Path], tmp_path: 
     assert not files["out"].exists()
 
 
+@pytest.mark.parametrize(
+    "content", [b"", b"\n  \n\t\n", b"[]", b"[\n]\n"], ids=["empty", "blank", "list", "list2"]
+)
+def test_a_problems_file_without_problems_is_one_line(
+    files: dict[str, Path], tmp_path: Path, content
+) -> None:
+    empty = tmp_path / "none.jsonl"
+    empty.write_bytes(content)
+    assert_one_line_error(
+        score(files, problems=empty), "holds no problems"
+    )  # was: exit 0, every line unknown
+    assert not files["out"].exists()
+
+
 @pytest.mark.parametrize("option", ["problems", "completions", "out"])
 def test_directory_instead_of_a_file_is_one_line(files: dict[str, Path], tmp_path: Path, option: str) -> None:
     folder = tmp_path / "a_folder"

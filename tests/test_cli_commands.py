@@ -100,6 +100,34 @@ def test_evaluate_scores_base_and_trained_agents_with_the_stage_metrics(agents, 
     assert "reward (max 4.0, 90% CI)" in result.stdout and "magrpo" in result.stdout
 
 
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\n \n", b"[]", b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", b"\x1f\x8b\x08\x00garbage"],
+    ids=["empty", "blank", "empty_list", "binary", "gzip_bytes"],
+)
+def test_evaluate_refuses_empty_or_binary_problems_before_any_model(tmp_path, content):
+    """Exit 2 and one line naming --problems, before params, model or adapters are looked at (the model folder
+    here does not even exist): not a model load and 0 problems with exit 0, nor a bare UnicodeDecodeError."""
+    problems = tmp_path / "problems.jsonl"
+    problems.write_bytes(content)
+    result = runner.invoke(app, ["evaluate", "--problems", str(problems), "--adapters", str(tmp_path / "none"),
+                                 "--model", str(tmp_path / "no-model")])  # fmt: skip
+    line = one_line_error(result, "--problems")
+    assert "holds no problems" in line or "not UTF-8" in line, line
+
+
+@pytest.mark.parametrize(
+    "text", ["", "# every setting commented out\n# evaluate:\n#   num_samples: 3\n", "{}\n"]
+)
+def test_evaluate_refuses_an_empty_params_file(eval_files, tmp_path, text):
+    params = tmp_path / "empty_params.yaml"
+    params.write_text(text)
+    result = runner.invoke(app, ["evaluate", "--problems", str(eval_files["problems"]), "--adapters",
+                                 str(tmp_path / "none"), "--params", str(params)])  # fmt: skip
+    line = one_line_error(result, "--params")
+    assert "empty_params.yaml is empty" in line
+
+
 def test_evaluate_bad_inputs_are_one_line(agents, eval_files, tmp_path):
     base, adapters = agents
     common = ["--model", str(base), "--params", str(eval_files["params"])]
@@ -490,3 +518,22 @@ def test_report_command(tmp_path):
     result = runner.invoke(app, ["report", "--root", str(ROOT), "--out", str(out)])
     assert result.exit_code == 0, (result.output, result.exception)
     assert result.stdout.strip() == str(out) and "<html" in out.read_text().lower()
+
+
+def test_budget_lists_and_resets_the_spend_ledger(tmp_path):
+    """``orchestry budget``: the ledger the API stages keep in their cache; --reset forgets one scope on purpose."""
+    from orchestry.llm.cache import ResponseCache
+
+    path = tmp_path / "cache.sqlite"
+    store = ResponseCache(path)
+    store.open_spend("train_api_grpo:abc", "train_api_grpo", "{}")
+    store.put_rows([], [ResponseCache.spend_update("train_api_grpo:abc", 0.25, 3, 100, 20, 0.0)])
+    store.close()
+    listed = runner.invoke(app, ["budget", "--cache", str(path)])
+    assert listed.exit_code == 0, listed.output
+    assert "train_api_grpo:abc  0.2500 USD  3 calls  120 tokens  1 runs" in listed.stdout
+    one_line_error(runner.invoke(app, ["budget", "--cache", str(path), "--reset", "nope"]), "no scope 'nope'")
+    reset = runner.invoke(app, ["budget", "--cache", str(path), "--reset", "train_api_grpo:abc"])
+    assert reset.exit_code == 0 and "spend forgotten" in reset.stdout
+    assert ResponseCache(path).open_spend("train_api_grpo:abc")[0] == 0.0  # its next run: a fresh budget
+    one_line_error(runner.invoke(app, ["budget", "--cache", str(tmp_path / "none.sqlite")]), "no such file")

@@ -116,6 +116,39 @@ def test_non_finite_floats_are_rejected(key: str, value: float) -> None:
 
 
 @pytest.mark.parametrize("key", [k for k, _ in NUMERIC])
+@pytest.mark.parametrize("value", [True, False, "3", "0.5"], ids=["true", "false", "str_int", "str_float"])
+def test_numbers_are_strict_no_bool_or_string(key: str, value) -> None:
+    """``num_samples: true`` was read as 1 and ``num_samples: '3'`` as 3: every number refuses both."""
+    _assert_rejected(_section_with(key, value), key)
+
+
+@pytest.mark.parametrize("key", [k for k, kind in NUMERIC if kind is int])
+def test_counts_are_whole_numbers_not_floats(key: str) -> None:
+    _assert_rejected(_section_with(key, 3.0), key)
+
+
+def test_strict_types_keep_what_is_valid_and_name_the_key() -> None:
+    p = parse_params(
+        {"evaluate": {"num_samples": 3}, "sampling": {"temperature": 1}, "api_grpo": {"max_tokens": None}}
+    )
+    assert (p.evaluate.num_samples, p.sampling.temperature, p.api_grpo.max_tokens) == (3, 1.0, None)
+    with pytest.raises(
+        ParamsError, match=r"evaluate.num_samples: .*expected an integer, not bool \(got True\)"
+    ):
+        parse_params({"evaluate": {"num_samples": True}})
+    for data, key in (
+        ({"evaluate": {"val": "yes"}}, "evaluate.val"),  # a flag is true/false, not a string
+        ({"train_magrpo": {"turn_weights": [1.0, True]}}, "train_magrpo.turn_weights"),  # items of a list too
+        (
+            {"train_orchestrator": {"call_costs": {"tester": "10"}}},
+            "train_orchestrator.call_costs",
+        ),  # dict values
+        ({"prepare": {"compositional": {"difficulty": [1, "2"]}}}, "prepare.compositional.difficulty"),
+    ):
+        _assert_rejected(data, key)
+
+
+@pytest.mark.parametrize("key", [k for k, _ in NUMERIC])
 def test_every_numeric_param_has_a_range(key: str) -> None:
     _assert_rejected(_section_with(key, 10**30), key)
     _assert_rejected(_section_with(key, -(10**30)), key)
@@ -183,6 +216,25 @@ def test_allowed_values_are_defined_once() -> None:
 
 
 # --- how a stage ends -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text", ["", "\n\n", "# only comments\n# train_magrpo:\n#   num_steps: 3\n", "{}\n", "---\n"]
+)
+def test_empty_or_comment_only_params_file_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture, text: str
+) -> None:
+    """Not every default, silently: the stages (start_stage) exit 2 with one line naming the file."""
+    from orchestry.runtime import start_stage
+
+    path = tmp_path / "my_params.yaml"
+    path.write_text(text)
+    with pytest.raises(ParamsError, match="my_params.yaml is empty"):
+        load_params(path)
+    with pytest.raises(SystemExit) as e:
+        start_stage("t", str(path))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "my_params.yaml is empty" in err and len(err.splitlines()) == 1
 
 
 def test_stage_start_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -110,7 +110,8 @@ def read_params_mapping(path: str | Path = "params.yaml") -> dict:
     patches or flattens it (experiment presets, searches, the smoke copy, MLflow params).
 
     Raises:
-        ParamsError: the file is missing or unreadable, not YAML, has a key twice, or is not a mapping.
+        ParamsError: the file is missing or unreadable, not YAML, empty or only comments (every setting would be
+            a default, silently), has a key twice, or is not a mapping.
     """
     path = Path(path)
     if not path.exists():
@@ -120,11 +121,16 @@ def read_params_mapping(path: str | Path = "params.yaml") -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise ParamsError(f"{path} cannot be read: {e}") from None
     try:
-        data = yaml.load(text, Loader=UniqueKeyLoader) or {}  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ParamsError(f"{path} is not valid YAML: {e}") from None
     except RecursionError:
         raise ParamsError(f"{path} is not valid YAML: nested too deeply") from None
+    if data is None or data == {}:  # an empty or comment-only file would run every default silently
+        raise ParamsError(
+            f"{path} is empty (no sections, only blanks or comments): every setting would be a default; write the "
+            "sections to use (the committed params.yaml spells out every default)"
+        )
     if not isinstance(data, dict):
         raise ParamsError(f"{path} must be a mapping of sections, got {type(data).__name__}")
     return data

