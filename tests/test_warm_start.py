@@ -227,3 +227,76 @@ def test_params_refuse_a_warm_start_on_problems_without_reference_decompositions
     # the default (auto) is accepted on HumanEval: it resolves to 0 epochs there (resolved_epochs, tested above)
     assert parse_params({"prepare": {"source": "humaneval"}}).train_magrpo.warm_start_epochs == "auto"
     assert parse_params({"train_magrpo": {"warm_start_epochs": 2}}).train_magrpo.warm_start_epochs == 2
+
+
+def test_own_answers_keep_distinct_passing_untruncated_pairs_best_first_up_to_the_cap():
+    from orchestry.rewards.code import LevelReward
+    from orchestry.training.warm_start import select_own_answers
+
+    problems = _generated(3, (1, 2))
+    n, cap = 4, 2
+
+    def r(passed, total=1.0, coop=0.0):
+        # total = structure + tests + cooperation
+        return LevelReward(structure=total - (1.0 if passed else 0.0) - coop, tests=1.0 if passed else 0.0,
+                           cooperation=coop, passed=2 if passed else 0, total_asserts=2)  # fmt: skip
+
+    # problem 0: rows 0 (fails), 1 (passes), 2 (passes, cooperating: the higher total), 3 (a repeat of row 1)
+    # problem 1: nothing passes; problem 2: rows 8 and 9 pass but 8 was truncated, 10 and 11 pass
+    results = [r(False), r(True, 2.0), r(True, 3.0, 1.0), r(True, 2.0),
+               r(False), r(False), r(False), r(False),
+               r(True, 4.0), r(True, 2.0), r(True, 2.0), r(True, 2.5)]  # fmt: skip
+    helpers = [f"h{i}" for i in range(12)]
+    mains = [f"m{i}" for i in range(12)]
+    helpers[3], mains[3] = helpers[1], mains[1]
+    truncated = [False] * 12
+    truncated[8] = True
+    kept, stats = {}, {"self/passed": 0, "self/kept": 0, "self/cooperating": 0}
+    select_own_answers(problems, n, cap, helpers, mains, results, truncated, kept, stats)
+    assert kept == {
+        problems[0].task_id: [("h2", "m2"), ("h1", "m1")],  # best first, the repeat dropped
+        problems[2].task_id: [
+            ("h11", "m11"),
+            ("h9", "m9"),
+        ],  # truncated 8 skipped; 9 before 10 (sampling order)
+    }
+    assert stats == {"self/passed": 7, "self/kept": 4, "self/cooperating": 1}
+
+
+def test_self_targets_train_the_plain_prompts_on_the_own_answers_verbatim(embedded_tokenizer):
+    tok = embedded_tokenizer
+    problems = _generated(3, (1, 2))
+    own = {problems[1].task_id: [("```python\ndef aux(s):\n    return s\n```", "MAIN A"), ("H B", "MAIN B")]}
+    ex = warm_start_examples(problems, tok, plain_prompts=True, plain_targets="self", own_answers=own)
+    spec = warm_start_examples(problems, tok)
+    # every problem keeps its spec-prompt pair; only problem 1 adds plain-prompt pairs, its own answers verbatim
+    assert len(ex["main"]) == 3 + 2
+    assert [t for _, t in ex["main"]] == [spec["main"][0][1], spec["main"][1][1], "MAIN A", "MAIN B",
+                                         spec["main"][2][1]]  # fmt: skip
+    assert ex["main"][2][0] != spec["main"][1][0] and "aux(" in ex["main"][2][0]  # the plain main prompt
+    with pytest.raises(ValueError, match="own_answers"):
+        warm_start_examples(problems, tok, plain_prompts=True, plain_targets="self")
+
+
+def test_own_passing_answers_samples_every_problem_and_drops_truncated_pairs(
+    embedded_tokenizer, tiny_llama, tmp_path, one_thread
+):
+    from orchestry.rewards.code import LevelReward
+    from orchestry.training.warm_start import own_passing_answers
+
+    tok = embedded_tokenizer
+    problems = _generated(3, (1, 2))
+    model = attach_adapters(tiny_llama(len(tok)), AGENTS, r=4, alpha=8, seed=0)
+    cfg = TrainMagrpoParams(warm_start_plain_targets="self", warm_start_self_samples=3)
+    seen = []
+
+    def reward(probs, helpers, mains):  # every pair "passes": only truncation can drop it
+        seen.extend(p.aux_spec for p in probs)
+        return [LevelReward(tests=1.0, passed=1, total_asserts=1) for _ in mains]
+
+    sampling = SamplingParams(max_completion_length=4)  # the random model never closes a block in 4 tokens
+    tr = MAGRPOTrainer(model, tok, problems, None, cfg, sampling, tmp_path / "ck", reward_fn=reward)
+    kept, stats = own_passing_answers(tr, problems)
+    assert seen == [""] * 9  # 3 problems x 3 samples, all under plain prompts
+    assert stats["self/samples"] == 9 and stats["self/passed"] == 9
+    assert kept == {} and stats["self/kept"] == 0  # every pair hit the token limit

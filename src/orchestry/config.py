@@ -372,11 +372,26 @@ class TrainMagrpoParams(_Section):
         description="warm start: also train each target under the prompts of problems that name no "
         "decomposition (HumanEval, MBPP, --problems files), so the pair writes aux there too",
     )
-    warm_start_plain_targets: Literal["delegate", "reference"] = Field(
+    warm_start_plain_targets: Literal["delegate", "reference", "self"] = Field(
         "delegate",
         description="warm start, plain prompts: the targets there. delegate: the helper's aux computes the whole "
         "answer and the main returns aux's result (the split both agents can infer without a named "
-        "decomposition); reference: the generated problem's own split (aux = first step, main the rest)",
+        "decomposition); reference: the generated problem's own split (aux = first step, main the rest); self: "
+        "the base pair's own answers that pass every assert, sampled before the warm start (rejection-sampled "
+        "self-distillation, STaR / RFT: the pair keeps its own style instead of imitating the generator's form)",
+    )
+    warm_start_self_samples: int = Field(
+        8,
+        ge=1,
+        le=256,
+        description="warm_start_plain_targets self: joint samples of the base pair per train problem (plain prompts)",
+    )
+    warm_start_self_per_problem: int = Field(
+        2,
+        ge=1,
+        le=256,
+        description="warm_start_plain_targets self: passing samples kept per problem (distinct, cooperating and "
+        "highest-reward first), so easy problems do not dominate the targets",
     )
     warm_start_problems: int = Field(
         0,

@@ -31,6 +31,7 @@ FLAT_ATOL = 1e-6  # joint rewards closer than this count as equal (sums of the s
 RESAMPLE_SEED = 1_000_000_007
 CURRICULUM_SEED = 1 << 40
 TURN_SEED = 1 << 36  # seed offset of turn t (and of the workflow's phases)
+SELF_DISTILL_SEED = 1 << 44  # seed offset of the warm start's sampling of the base pair's own answers
 
 
 def agent_names(cfg: TrainMagrpoParams) -> tuple[str, ...]:

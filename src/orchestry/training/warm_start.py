@@ -32,13 +32,17 @@ from orchestry.llm.frozen import cast_once
 from orchestry.llm.local import adapter_parameters, chat_prompt, completion_logprobs
 from orchestry.numerics import bf16_autocast
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
-from orchestry.training.common import Trainer
+from orchestry.rewards.code import level_rewards
+from orchestry.training.common import BASE, SELF_DISTILL_SEED, Trainer
+from orchestry.training.rollouts import generate_rows
 
 log = logging.getLogger(__name__)
 
 # warm_start_epochs: auto on generated problems: 2 epochs of both prompt forms at lr 5e-4 (the compute of
 # reports/experiments/warm_start's 4 epochs of one form; docs/algorithms.md section 3a)
 AUTO_WARM_START_EPOCHS = 2
+#: problems per ``generate`` call when sampling the base pair's own answers (2 agents x warm_start_self_samples rows each)
+SELF_BATCH_PROBLEMS = 8
 
 
 def has_reference_decomposition(p: Problem) -> bool:
@@ -61,7 +65,11 @@ def resolved_epochs(cfg, problems: list[Problem]) -> int:
 
 
 def warm_start_examples(
-    problems: list[Problem], tokenizer, plain_prompts: bool = False, plain_targets: str = "delegate"
+    problems: list[Problem],
+    tokenizer,
+    plain_prompts: bool = False,
+    plain_targets: str = "delegate",
+    own_answers: dict[str, list[tuple[str, str]]] | None = None,
 ) -> dict[str, list[tuple[str, str]]]:
     """``{"helper": [(chat prompt, target)], "main": [...]}``, one pair per problem, in problem order.
 
@@ -71,7 +79,9 @@ def warm_start_examples(
     ``aux(...)`` exists. Without it the pair learns the split only in the spec-prompt format and, on other
     problems, the helper copies the entry point's signature instead of writing ``aux``. ``plain_targets``
     picks that pair's targets: ``delegate`` (:func:`~orchestry.generators.compositional.delegated_decomposition`:
-    ``aux`` computes the whole answer, the main returns it) or ``reference`` (the spec pair's targets again).
+    ``aux`` computes the whole answer, the main returns it), ``reference`` (the spec pair's targets again) or
+    ``self``: the base pair's own passing answers ``own_answers[task_id]`` (:func:`own_passing_answers`), as
+    many pairs as were kept for the problem (none for a problem the base pair never solved), verbatim.
 
     Raises:
         ValueError: a problem has no reference decomposition (not generated: ``prepare.source: compositional``
@@ -80,8 +90,10 @@ def warm_start_examples(
     plain_split = {"delegate": delegated_decomposition, "reference": reference_decomposition}.get(
         plain_targets
     )
-    if plain_split is None:
-        raise ValueError(f"plain_targets must be delegate or reference, got {plain_targets!r}")
+    if plain_split is None and plain_targets != "self":
+        raise ValueError(f"plain_targets must be delegate, reference or self, got {plain_targets!r}")
+    if plain_targets == "self" and plain_prompts and own_answers is None:
+        raise ValueError("plain_targets self needs own_answers (own_passing_answers)")
     out: dict[str, list[tuple[str, str]]] = {"helper": [], "main": []}
     for p in problems:
         try:
@@ -98,15 +110,117 @@ def warm_start_examples(
             (chat_prompt(tokenizer, p.main_prompt(), MAIN_SYSTEM), f"```python\n{main_code}```")
         )
         if plain_prompts:
-            aux_code, main_code = plain_split(p.prompt, p.aux_spec, p.canonical_solution)
             plain = replace(p, aux_spec="")
-            out["helper"].append(
-                (chat_prompt(tokenizer, plain.helper_prompt(), HELPER_SYSTEM), f"```python\n{aux_code}```")
-            )
-            out["main"].append(
-                (chat_prompt(tokenizer, plain.main_prompt(), MAIN_SYSTEM), f"```python\n{main_code}```")
-            )
+            if plain_split is None:
+                targets = list(own_answers.get(p.task_id, []))
+            else:
+                aux_code, main_code = plain_split(p.prompt, p.aux_spec, p.canonical_solution)
+                targets = [(f"```python\n{aux_code}```", f"```python\n{main_code}```")]
+            for helper_text, main_text in targets:
+                out["helper"].append(
+                    (chat_prompt(tokenizer, plain.helper_prompt(), HELPER_SYSTEM), helper_text)
+                )
+                out["main"].append((chat_prompt(tokenizer, plain.main_prompt(), MAIN_SYSTEM), main_text))
     return out
+
+
+def own_passing_answers(
+    tr: Trainer, problems: list[Problem]
+) -> tuple[dict[str, list[tuple[str, str]]], dict]:
+    """The base pair's own passing answers to ``problems`` under plain prompts: rejection-sampled
+    self-distillation targets (STaR, arXiv 2203.14465; rejection-sampling fine-tuning, arXiv 2308.01825).
+
+    For every problem, with its ``aux_spec`` removed (the prompts of HumanEval, MBPP or any problem file), the bare
+    base model (adapters off) samples ``cfg.warm_start_self_samples`` joint (helper, main) answers under the run's
+    sampling params, in batches of :data:`SELF_BATCH_PROBLEMS` problems (one ``generate`` call each, seeded from
+    ``cfg.seed``); each pair is scored with the level reward in the sandbox. A pair is kept when every assert
+    passes and neither completion hit ``max_completion_length``; exact repeats are dropped; at most
+    ``cfg.warm_start_self_per_problem`` are kept per problem, highest joint reward first (a cooperating pair, main
+    calling ``aux``, earns more), ties in sampling order. The targets are the completions as sampled, so the pair
+    is trained on its own style, not on the generator's ``r = ...`` chain.
+
+    Returns:
+        ``({task_id: [(helper completion, main completion)]}, stats)`` with stats ``self/samples``, ``self/passed``
+        (pairs passing every assert), ``self/kept``, ``self/problems`` (problems with at least one kept pair),
+        ``self/cooperating`` (kept pairs whose main calls ``aux`` and earns the cooperation level), ``self/seconds``,
+        ``self/tokens/completion``.
+    """
+    t0 = time.time()
+    n = tr.cfg.warm_start_self_samples
+    cap = tr.cfg.warm_start_self_per_problem
+    limit = tr.sampling.max_completion_length
+    plain = [replace(p, aux_spec="") for p in problems]
+    kept: dict[str, list[tuple[str, str]]] = {}
+    stats = {"self/samples": 0, "self/passed": 0, "self/kept": 0, "self/cooperating": 0,
+             "self/tokens/completion": 0}  # fmt: skip
+    for k, at in enumerate(range(0, len(plain), SELF_BATCH_PROBLEMS)):
+        chunk = plain[at : at + SELF_BATCH_PROBLEMS]
+        prompts: list[str] = []
+        for p in chunk:
+            hp = chat_prompt(tr.tokenizer, p.helper_prompt(), HELPER_SYSTEM)
+            mp = chat_prompt(tr.tokenizer, p.main_prompt(), MAIN_SYSTEM)
+            prompts += [hp] * n + [mp] * n
+        batch = generate_rows(
+            tr, prompts, [BASE] * len(prompts), tr.cfg.seed * 1_000_003 + k + SELF_DISTILL_SEED
+        )
+        stats["self/tokens/completion"] += sum(i.completion_tokens for i in batch.items)
+        samples = [
+            (p, batch.items[(j * 2) * n + g], batch.items[(j * 2 + 1) * n + g])
+            for j, p in enumerate(chunk)
+            for g in range(n)
+        ]
+        truncated = [h.completion_tokens >= limit or m.completion_tokens >= limit for _, h, m in samples]
+        helpers, mains = [s[1].text for s in samples], [s[2].text for s in samples]
+        probs = [s[0] for s in samples]
+        if tr.reward_fn is not None:
+            results = tr.reward_fn(probs, helpers, mains)
+        else:
+            results = level_rewards(probs, helpers, mains, tr.sandbox, truncated=truncated)
+        stats["self/samples"] += len(samples)
+        select_own_answers(chunk, n, cap, helpers, mains, results, truncated, kept, stats)
+    stats["self/problems"] = len(kept)
+    stats["self/seconds"] = time.time() - t0
+    log.info(
+        "self-distillation targets: %d of %d base pairs pass, %d kept on %d of %d problems (%d cooperating), %.0f s",
+        stats["self/passed"], stats["self/samples"], stats["self/kept"], len(kept), len(problems),
+        stats["self/cooperating"], stats["self/seconds"],
+    )  # fmt: skip
+    return kept, stats
+
+
+def select_own_answers(
+    problems: list[Problem],
+    n: int,
+    cap: int,
+    helpers: list[str],
+    mains: list[str],
+    results: list,
+    truncated: list[bool],
+    kept: dict[str, list[tuple[str, str]]],
+    stats: dict,
+) -> None:
+    """:func:`own_passing_answers`' rejection step for one batch: ``problems[j]``'s samples are rows
+    ``j * n .. j * n + n - 1`` of ``helpers``/``mains``/``results`` (:class:`~orchestry.rewards.code.LevelReward`)/
+    ``truncated``. Appends to ``kept[task_id]`` at most ``cap`` distinct ``(helper, main)`` pairs that pass every
+    assert and were not truncated, highest ``total`` first (sampling order breaks ties), and counts
+    ``self/passed``, ``self/kept``, ``self/cooperating`` in ``stats``."""
+    for j, p in enumerate(problems):
+        passing = []
+        for g in range(n):
+            i = j * n + g
+            if results[i].all_passed:
+                stats["self/passed"] += 1
+                if not truncated[i]:
+                    passing.append((-results[i].total, g, i))
+        seen: set[tuple[str, str]] = set()
+        for _, _, i in sorted(passing):
+            pair = (helpers[i], mains[i])
+            if pair in seen or len(seen) >= cap:
+                continue
+            seen.add(pair)
+            kept.setdefault(p.task_id, []).append(pair)
+            stats["self/kept"] += 1
+            stats["self/cooperating"] += int(results[i].cooperation > 0)
 
 
 def _tokenize(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -155,10 +269,14 @@ def warm_start(tr: Trainer, bf16: bool, epochs: int) -> dict:
     cfg = tr.cfg
     t0 = time.time()
     problems = list(tr.problems)[: cfg.warm_start_problems or None]
+    own, own_stats = None, {}
+    if cfg.warm_start_plain_prompts and cfg.warm_start_plain_targets == "self":
+        tr.model.eval()
+        own, own_stats = own_passing_answers(tr, problems)
     examples = warm_start_examples(
-        problems, tr.tokenizer, cfg.warm_start_plain_prompts, cfg.warm_start_plain_targets
+        problems, tr.tokenizer, cfg.warm_start_plain_prompts, cfg.warm_start_plain_targets, own
     )
-    out: dict = {"epochs": epochs, "examples": len(examples["main"]), "steps": 0}
+    out: dict = {"epochs": epochs, "examples": len(examples["main"]), "steps": 0, **own_stats}
     tr.model.train()
     # bf16: one cast of each frozen weight for the whole warm start (no decoding in between), not two per pass
     casts = cast_once(tr.model, torch.bfloat16) if bf16 else contextlib.nullcontext()
