@@ -50,8 +50,9 @@ def main() -> None:
     test = read_problems("data/problems/test.jsonl")
     try:  # human scores (orchestry override / orchestry review); a missing file is none
         overrides = read_overrides("data/overrides.jsonl")
-    except OverrideError as e:
-        sys.exit(f"error: {e}")
+    except OverrideError as e:  # a malformed data/overrides.jsonl: bad input, exit code 2
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     try:  # the library to start from (api_grpo.init_behaviors), before anything is opened
         check_transfer(cfg.init_behaviors)
         read_transfer(cfg)
@@ -60,8 +61,12 @@ def main() -> None:
         raise SystemExit(2) from None
     try:  # key, price and server are checked here, before the MLflow run, the model or the sandbox
         clients = open_clients(cfg, params.sampling, params.model.path, params.model.dtype)
-    except (BackendConfigError, PriceError) as e:
-        sys.exit(f"error: {e}")
+    except (
+        BackendConfigError,
+        PriceError,
+    ) as e:  # a setting to fix (key, base_url, price, cache): exit code 2
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     logged = {**cfg.model_dump(), "sampling": params.sampling.model_dump()}
     try:  # a request that failed for good (HTTP error, unreachable server, unusable answers): one line
         with stage_run("train_api_grpo", logged, params.mlflow.experiment, params.mlflow.tracking_uri):

@@ -40,8 +40,12 @@ def main() -> None:
     test = read_problems("data/problems/test.jsonl")
     try:  # key, price and server are checked here, before the MLflow run, the model or the sandbox
         clients = open_clients(cfg, params.sampling, params.model.path, params.model.dtype)
-    except (BackendConfigError, PriceError) as e:
-        sys.exit(f"error: {e}")
+    except (
+        BackendConfigError,
+        PriceError,
+    ) as e:  # a setting to fix (key, base_url, price, cache): exit code 2
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     logged = {**cfg.model_dump(), "sampling": params.sampling.model_dump()}
     try:  # a request that failed for good (HTTP error, unreachable server, unusable answers): one line
         with stage_run("train_orchestrator", logged, params.mlflow.experiment, params.mlflow.tracking_uri):

@@ -127,6 +127,22 @@ def test_counts_are_whole_numbers_not_floats(key: str) -> None:
     _assert_rejected(_section_with(key, 3.0), key)
 
 
+def test_a_check_across_keys_is_one_short_line_not_the_section() -> None:
+    """A cross-field error used to echo the whole section (1,253 characters for the committed train_magrpo)."""
+    section = {
+        **yaml.safe_load(PARAMS_TEXT)["train_magrpo"],
+        "credit": "counterfactual",
+        "workflow": "writer_tester_fixer",
+    }
+    with pytest.raises(ParamsError) as e:
+        parse_params({"train_magrpo": section})
+    line = str(e.value).splitlines()[1].strip()
+    assert line == "train_magrpo: credit counterfactual is defined for workflow helper_main only"
+    with pytest.raises(ParamsError) as e:
+        parse_params({"api_grpo": {"budget_usd": "x" * 500}})
+    assert max(len(x) for x in str(e.value).splitlines()) < 200
+
+
 def test_strict_types_keep_what_is_valid_and_name_the_key() -> None:
     p = parse_params(
         {"evaluate": {"num_samples": 3}, "sampling": {"temperature": 1}, "api_grpo": {"max_tokens": None}}

@@ -150,6 +150,32 @@ def test_stage_without_key_exits_before_mlflow_model_or_sandbox(monkeypatch, tmp
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ("api_grpo:\n  backend: openai_compatible\n  model: m\n", "api_grpo.base_url"),
+        ("api_grpo:\n  backend: openai_compatible\n  model: m\n  base_url: http://127.0.0.1:9/v1\n"
+         "  preflight: false\n", "api_grpo.prices"),
+    ],
+    ids=["no_base_url", "no_price"],
+)  # fmt: skip
+def test_stage_setting_errors_exit_2_in_one_line(tmp_path, params, needle) -> None:
+    """A setting to fix (no server URL, no price for a budgeted model) is bad input: exit 2, like a bad params.yaml."""
+    problem = make_problem(
+        {"task_id": "T/0", "entry_point": "inc", "prompt": "def inc(x):\n    \"\"\"x + 1\"\"\"\n",
+         "test": "def check(candidate):\n    assert candidate(1) == 2\n"}
+    )  # fmt: skip
+    for split in ("train", "test"):
+        write_jsonl(tmp_path / "data" / "problems" / f"{split}.jsonl", [problem.to_dict()])
+    (tmp_path / "params.yaml").write_text(params)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "stages" / "train_api_grpo.py")], cwd=tmp_path,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
+
+
 def test_unreachable_server_fails_in_preflight_naming_base_url(key) -> None:
     url = f"http://127.0.0.1:{_closed_port()}"
     with pytest.raises(BackendConfigError, match="api_grpo.base_url"):

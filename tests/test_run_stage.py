@@ -26,6 +26,10 @@ SCRIPT = textwrap.dedent(
             raise RuntimeError("the stage failed")
         if os.environ.get("FAIL") == "params":
             raise SystemExit(2)
+        if os.environ.get("FAIL") == "sigint":
+            import signal, time
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the work
+            time.sleep(30)
 
     run_stage(main)
     Path("after.txt").write_text("ran")  # never reached
@@ -80,3 +84,14 @@ def test_under_a_profiler_the_process_exits_normally_and_the_profile_is_written(
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "stage.prof").stat().st_size > 0
     assert (tmp_path / "teardown.txt").read_text() == "ran"
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    """SIGINT used to print the whole traceback and exit 1 (under dvc repro too); now one line and 128 + 2."""
+    done = _run(tmp_path, FAIL="sigint")
+    assert done.returncode == 130, done.stderr
+    lines = done.stderr.strip().splitlines()  # the script's own "to stderr" has no newline
+    assert "Traceback" not in done.stderr and len(lines) == 1 and "error: interrupted (SIGINT)" in lines[0]
+    assert not (tmp_path / "after.txt").exists()
+    debug = _run(tmp_path, FAIL="sigint", ORCHESTRY_DEBUG="1")
+    assert "Traceback" in debug.stderr and "KeyboardInterrupt" in debug.stderr

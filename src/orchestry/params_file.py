@@ -86,9 +86,11 @@ def format_validation_error(err: ValidationError, source: str = "params.yaml") -
             lines.append(f"  {key}: unknown key (allowed: {', '.join(allowed)})")
         elif not key:  # a check across sections: its message names the keys
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
+        elif isinstance(e.get("input"), dict):  # a check across a section's keys: the message names them
+            lines.append(f"  {key}: {e['msg'].removeprefix('Value error, ')}")
         else:
-            got = e.get("input")
-            lines.append(f"  {key}: {e['msg']} (got {got!r})")
+            got = repr(e.get("input"))
+            lines.append(f"  {key}: {e['msg']} (got {got if len(got) <= 80 else got[:77] + '...'})")
     return "\n".join(lines)
 
 

@@ -61,8 +61,21 @@ def run_stage(main: Callable[[], None]) -> NoReturn:
     stage: its traceback and exit 1) leaves as usual, through the normal teardown; so does a process inside an
     ``accelerate launch`` (``WORLD_SIZE`` set), whose launcher waits for every rank, and one run under a profiler
     or tracer (``python -m cProfile``, ``python -m trace``, a debugger), which writes its results after the script.
+    Ctrl-C (SIGINT) ends the process with one ``error:`` line and exit code 130 instead of a traceback
+    (``ORCHESTRY_DEBUG=1`` shows it).
     """
-    main()
+    try:
+        main()
+    except (
+        KeyboardInterrupt
+    ):  # Ctrl-C: one line and 128 + SIGINT, like a shell; the traceback with ORCHESTRY_DEBUG=1
+        if os.environ.get("ORCHESTRY_DEBUG"):
+            raise
+        print(
+            "error: interrupted (SIGINT); what the stage finished is kept, and an open MLflow run is marked KILLED",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None
     if "WORLD_SIZE" in os.environ or sys.getprofile() is not None or sys.gettrace() is not None:
         raise SystemExit(0)
     atexit._run_exitfuncs()
