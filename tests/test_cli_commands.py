@@ -128,6 +128,22 @@ def test_evaluate_refuses_an_empty_params_file(eval_files, tmp_path, text):
     assert "empty_params.yaml is empty" in line
 
 
+def test_evaluate_refuses_prompts_beyond_the_model_context(agents, eval_files, tmp_path):
+    """A problem whose prompt does not fit the model's context (1,024 positions here) is refused with its count
+    before the weights load, instead of being sampled past the model's positions."""
+    base, adapters = agents
+    recs = _humaneval_records(2)
+    recs[1] = {**recs[1], "prompt": recs[1]["prompt"].replace('"""', '"""' + "word " * 1500, 1)}
+    problems = tmp_path / "long.json"
+    problems.write_text(json.dumps(recs))
+    result = runner.invoke(app, ["evaluate", "--problems", str(problems), "--adapters", str(adapters), "--model",
+                                 str(base), "--params", str(eval_files["params"])])  # fmt: skip
+    line = one_line_error(result, "--problems")
+    assert recs[1]["task_id"] in line and "does not fit the model's context of 1024 tokens" in line
+    tokens = int(line.split("its prompt is ")[1].split()[0])
+    assert tokens > 1500  # the count, measured with the model's tokenizer and chat template
+
+
 def test_evaluate_bad_inputs_are_one_line(agents, eval_files, tmp_path):
     base, adapters = agents
     common = ["--model", str(base), "--params", str(eval_files["params"])]

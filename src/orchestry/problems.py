@@ -376,6 +376,38 @@ def check_canonical_solutions(
     return len(todo), failed
 
 
+def check_context(
+    problems: Sequence[Problem], tokenizer, context: int, max_new_tokens: int, source: str = ""
+) -> None:
+    """Refuse problems whose helper or main prompt (rendered with the chat template and the role's system prompt) and
+    ``max_new_tokens`` do not fit the model's ``context`` (``max_position_embeddings``): past it the model's
+    positions are out of range and a sample runs long for nothing.
+
+    Raises:
+        ProblemFormatError: naming the first such problem, its prompt's token count, the context, and how many do
+            not fit.
+    """
+    from orchestry.llm.local import chat_prompt
+
+    too_long = []
+    for p in problems:
+        tokens = max(
+            len(tokenizer(chat_prompt(tokenizer, user, system), add_special_tokens=False)["input_ids"])
+            for system, user in ((HELPER_SYSTEM, p.helper_prompt()), (MAIN_SYSTEM, p.main_prompt()))
+        )
+        if tokens + max_new_tokens > context:
+            too_long.append((p.task_id, tokens))
+    if too_long:
+        task_id, tokens = too_long[0]
+        where = f"{source}: " if source else ""
+        raise ProblemFormatError(
+            f"{where}{task_id}: its prompt is {tokens} tokens, and with {max_new_tokens} new tokens "
+            f"(sampling.max_completion_length) it does not fit the model's context of {context} tokens"
+            + (f" ({len(too_long)} of {len(problems)} problems do not fit)" if len(too_long) > 1 else "")
+            + "; shorten or drop them, or lower sampling.max_completion_length"
+        )
+
+
 def read_problems(path: str | Path) -> list[Problem]:
     """Problems of a ``data/problems/*.jsonl`` file (the ``prepare`` stage writes them with
     ``orchestry.runtime.write_jsonl(path, (p.to_dict() for p in problems))``)."""

@@ -30,6 +30,25 @@ def _params_with_model(params: Path | None, model: str | None):
     return cfg
 
 
+def _check_context(probs, cfg, source: str) -> None:
+    """Every problem's prompts and ``sampling.max_completion_length`` fit the model's context (its config.json's
+    ``max_position_embeddings``; the tokenizer is read, not the weights).
+
+    Raises:
+        ProblemFormatError: see :func:`orchestry.problems.check_context`.
+    """
+    import json
+
+    from orchestry.llm.local import load_tokenizer
+    from orchestry.problems import check_context
+
+    config = json.loads((Path(cfg.model.path) / "config.json").read_text())
+    context = config.get("max_position_embeddings") or config.get("n_positions")
+    if context:
+        tok = load_tokenizer(cfg.model.path)
+        check_context(probs, tok, int(context), cfg.sampling.max_completion_length, source)
+
+
 def evaluate(
     problems: Annotated[
         str,
@@ -103,6 +122,7 @@ def evaluate(
         probs = load_problems(problems)[:max_problems]
         cfg = _params_with_model(params, model)
         check_adapters(adapters)
+        _check_context(probs, cfg, str(problems))  # before the weights are loaded
         k = num_samples or cfg.evaluate.num_samples
         console.print(f"{len(probs)} problems x {k} samples, base vs {adapters}", highlight=False)
         import torch
