@@ -33,7 +33,24 @@ def training_splits(cfg) -> tuple[dict[str, list[Problem]], dict[str, dict]]:
             recs = generate_splits(sizes, c.difficulty, c.seed, c.types, c.num_tests)
         except GeneratorError as e:
             _fail("compositional", e)
+        if (
+            c.beginner_train or c.beginner_test
+        ):  # the beginner family: plain prompts, train/held-out templates
+            from orchestry.generators.beginner import beginner_problems, split_templates
+
+            train_t, test_t = split_templates(c.seed)
+            try:
+                recs["train"] = recs["train"] + beginner_problems(c.beginner_train, c.seed, train_t)
+                held = beginner_problems(c.beginner_test, c.seed + 1, test_t) if c.beginner_test else []
+            except ValueError as e:
+                _fail("compositional", e)
+            # held-out templates' problems: their own ids (the transfer set never shares one with the train split)
+            recs["beginner"] = [
+                {**r, "task_id": r["task_id"].replace("Beginner/", "BeginnerHeldOut/")} for r in held
+            ]
         splits = {k: [make_problem(r, r["task_id"]) for r in recs[k]] for k in ("val", "train", "test")}
+        if recs.get("beginner"):
+            splits["transfer/beginner"] = [make_problem(r, r["task_id"]) for r in recs["beginner"]]
         extra = {r["task_id"]: {"composition": r["composition"], "difficulty": r["difficulty"]}
                  for rs in recs.values() for r in rs}  # fmt: skip
         return splits, extra
@@ -64,6 +81,8 @@ def main() -> None:
     cfg = params.prepare
     splits, extra = training_splits(cfg)
     transfer = transfer_sets(cfg)
+    if "transfer/beginner" in splits:  # the beginner family's held-out templates: one more transfer set
+        transfer["beginner"] = splits.pop("transfer/beginner")
     problems = [p for name in ("val", "train", "test") for p in splits[name]]
     ids = {p.task_id for p in problems}
     for items in transfer.values():

@@ -300,3 +300,39 @@ def test_own_passing_answers_samples_every_problem_and_drops_truncated_pairs(
     assert seen == [""] * 9  # 3 problems x 3 samples, all under plain prompts
     assert stats["self/samples"] == 9 and stats["self/passed"] == 9
     assert kept == {} and stats["self/kept"] == 0  # every pair hit the token limit
+
+
+def _beginner(n, seed=0):
+    from orchestry.generators.beginner import beginner_problems, split_templates
+
+    train, _ = split_templates(seed)
+    return [make_problem(r, r["task_id"]) for r in beginner_problems(n, seed, train)]
+
+
+def test_beginner_problems_warm_start_on_aux_doing_the_whole_answer_which_passes(sandbox, embedded_tokenizer):
+    from orchestry.training.warm_start import is_beginner, plain_delegate_targets
+
+    problems = _beginner(24)
+    assert all(is_beginner(p) for p in problems)
+    pairs = [plain_delegate_targets(p) for p in problems]
+    results = level_rewards(problems, [f"```python\n{a}```" for a, _ in pairs],
+                            [f"```python\n{m}```" for _, m in pairs], sandbox)  # fmt: skip
+    assert all(r.all_passed for r in results), [r.reasons for r in results if not r.all_passed]
+    assert all(r.aux_called for r in results)
+    for p, (aux_code, main_code) in zip(problems, pairs, strict=True):
+        assert aux_code.startswith("def aux(") and p.canonical_solution.rstrip("\n") in aux_code
+        assert (
+            main_code.startswith(f"def {p.entry_point}(") and main_code.count("\n") == 2
+        )  # def + return aux(...)
+    # mixed with generated problems: spec pairs for those, one plain pair per beginner problem
+    mixed = _generated(3, (1, 2)) + problems[:2]
+    ex = warm_start_examples(mixed, embedded_tokenizer, plain_prompts=False)
+    assert len(ex["main"]) == 5
+    assert ex["main"][3][1] == f"```python\n{pairs[0][1]}```"
+    assert resolved_epochs(TrainMagrpoParams(), mixed) == 2  # auto: every problem is generated
+    he = load_problems("humaneval")[:1]
+    assert resolved_epochs(TrainMagrpoParams(), mixed + he) == 0  # a problem from a file: no warm start
+    with pytest.raises(ValueError, match="no def line"):
+        from dataclasses import replace
+
+        plain_delegate_targets(replace(problems[0], prompt="no signature here\n"))

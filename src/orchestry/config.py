@@ -163,6 +163,21 @@ class CompositionalParams(_Section):
     )
     types: list[Literal["ints", "str"]] = Field(["ints", "str"], min_length=1, description="input types")
     num_tests: int = Field(4, ge=3, le=5, description="asserts per problem")
+    beginner_train: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="training problems of the beginner family (orchestry.generators.beginner: digit arithmetic, "
+        "predicates, two-argument functions, loops, dictionaries, strings; plain prompts, no named decomposition) "
+        "added to the train split, from its training templates",
+    )
+    beginner_test: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="problems of the beginner family's held-out templates, written as the transfer set "
+        "data/problems/transfer/beginner.jsonl (templates never trained on)",
+    )
     seed: Seed = 0
 
     _lists_unique = field_validator("difficulty", "types")(_unique)

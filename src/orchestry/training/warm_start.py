@@ -45,6 +45,43 @@ AUTO_WARM_START_EPOCHS = 2
 SELF_BATCH_PROBLEMS = 8
 
 
+#: task ids of the beginner family (:mod:`orchestry.generators.beginner`): generated problems that name no
+#: decomposition (plain prompts); their warm-start targets are :func:`plain_delegate_targets`
+BEGINNER_PREFIX = "Beginner/"
+
+
+def plain_delegate_targets(p: Problem) -> tuple[str, str]:
+    """``(aux code, main code)`` for a problem that names no decomposition: ``aux`` takes the entry point's
+    parameters and runs its canonical solution (the whole answer, in the solution's own shape), the main returns
+    ``aux(<its arguments>)``::
+
+        def aux(n: int) -> int:               def digit_sum(n: int) -> int:
+            return sum(int(c) for c in str(n))    return aux(n)
+
+    Raises:
+        ValueError: no ``def <entry point>(`` line in the prompt, or no canonical solution; names the task id.
+    """
+    import ast
+
+    sig = next((ln for ln in p.prompt.split("\n") if ln.startswith(f"def {p.entry_point}(")), "")
+    if not sig or not p.canonical_solution.strip():
+        raise ValueError(
+            f"{p.task_id}: no def line for {p.entry_point} in the prompt, or no canonical solution"
+        )
+    try:
+        args = ast.parse(sig + "\n    pass\n").body[0].args
+    except SyntaxError as e:
+        raise ValueError(f"{p.task_id}: the def line does not parse: {e}") from None
+    names = [a.arg for a in args.posonlyargs + args.args]
+    aux_code = "def aux(" + sig.split("(", 1)[1] + "\n" + p.canonical_solution.rstrip("\n") + "\n"
+    return aux_code, f"{sig}\n    return aux({', '.join(names)})\n"
+
+
+def is_beginner(p: Problem) -> bool:
+    """A generated problem of the beginner family (no named decomposition): :data:`BEGINNER_PREFIX`."""
+    return p.task_id.startswith(BEGINNER_PREFIX) and not p.aux_spec
+
+
 def has_reference_decomposition(p: Problem) -> bool:
     """Whether ``p`` is a generated problem whose reference solution splits into ``aux`` + main."""
     try:
@@ -60,7 +97,11 @@ def resolved_epochs(cfg, problems: list[Problem]) -> int:
     decomposition (:func:`has_reference_decomposition`), else 0 (HumanEval, MBPP, any other problem file)."""
     if cfg.warm_start_epochs != "auto":
         return int(cfg.warm_start_epochs)
-    ok = cfg.workflow == "helper_main" and problems and all(has_reference_decomposition(p) for p in problems)
+    ok = (
+        cfg.workflow == "helper_main"
+        and problems
+        and all(has_reference_decomposition(p) or is_beginner(p) for p in problems)
+    )
     return AUTO_WARM_START_EPOCHS if ok else 0
 
 
@@ -73,6 +114,8 @@ def warm_start_examples(
 ) -> dict[str, list[tuple[str, str]]]:
     """``{"helper": [(chat prompt, target)], "main": [...]}``, one pair per problem, in problem order.
 
+    A problem of the beginner family (:func:`is_beginner`: generated, no named decomposition) gives one pair under
+    its own (plain) prompts, :func:`plain_delegate_targets`, whatever ``plain_prompts`` says.
     With ``plain_prompts`` each problem gives a second pair, after the first, under the prompts the agents see
     on a problem that names no decomposition (``aux_spec`` empty: HumanEval, MBPP, any ``--problems`` file),
     where the helper is asked for "a helper named aux that would be useful" and the main is told only that
@@ -96,6 +139,15 @@ def warm_start_examples(
         raise ValueError("plain_targets self needs own_answers (own_passing_answers)")
     out: dict[str, list[tuple[str, str]]] = {"helper": [], "main": []}
     for p in problems:
+        if is_beginner(p):  # a plain problem already: its one pair, aux doing the whole answer
+            aux_code, main_code = plain_delegate_targets(p)
+            out["helper"].append(
+                (chat_prompt(tokenizer, p.helper_prompt(), HELPER_SYSTEM), f"```python\n{aux_code}```")
+            )
+            out["main"].append(
+                (chat_prompt(tokenizer, p.main_prompt(), MAIN_SYSTEM), f"```python\n{main_code}```")
+            )
+            continue
         try:
             aux_code, main_code = reference_decomposition(p.prompt, p.aux_spec, p.canonical_solution)
         except ValueError as e:
