@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 from pathlib import Path
 
 import pytest
@@ -29,12 +30,15 @@ from orchestry.training.api_grpo import run_api_grpo
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLES = ROOT / "data/tasks/research_bundles.jsonl"
-B = Bundle("Research/t", "How is JSON parsed?", (("P1", "loads parses a str."), ("P2", "load reads a file."),
-                                                  ("P3", "JSONDecoder is the decoder class.")))  # fmt: skip
+B = Bundle("Research/t", "How is JSON parsed?", (
+    ("P1", "json.loads parses a str holding a JSON document into a Python object."),
+    ("P2", "json.load reads a JSON document from a file object and returns a Python object."),
+    ("P3", "JSONDecoder is the simple JSON decoder class; its object_hook customises the parsing."),
+))  # fmt: skip
 GOOD = (
     "json.loads turns a JSON string into Python objects [P1]. "
     "json.load does the same for a file object [P2]. "
-    "Parsing can be customised through the JSONDecoder class [P3]."
+    "Parsing can be customised through the JSONDecoder class and its object_hook [P3]."
 )
 
 
@@ -139,10 +143,10 @@ def test_research_run_through_the_anthropic_sdk(tmp_path, monkeypatch) -> None:
     def reply(body: dict) -> str:
         user = body["messages"][-1]["content"]
         if "Notes of researcher A" in user:  # cite every passage of the bundle, one sentence each
-            ids = sorted(
-                {line[1:-1] for line in user.splitlines() if line.startswith("[P") and line.endswith("]")}
-            )
-            return " ".join(f"The source says something useful here [{i}]." for i in ids)
+            sources = user.split("Sources:\n", 1)[1].split("\n\nNotes of researcher A", 1)[0]
+            blocks = re.findall(r"^\[(P\d+)\]\n(.*?)(?=\n\n\[P\d+\]\n|\Z)", sources, re.S | re.M)
+            # a sentence per passage built from its own words (supported, not a verbatim 8-word copy)
+            return " ".join(f"It says that {' '.join(re.findall(r'[A-Za-z]+', t)[:7])} [{i}]." for i, t in blocks)
         return "Some notes without any citation at all."
 
     srv = FakeAnthropic(reply=reply, usage={"input_tokens": 50, "output_tokens": 30})

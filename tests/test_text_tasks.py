@@ -48,7 +48,7 @@ def test_a_story_meeting_every_constraint_scores_the_maximum() -> None:
     [
         (GOOD_FIRST.replace("<<The Last Light>>\n", "The Last Light\n"), "title"),  # no <<title>>
         (GOOD_FIRST.replace("lantern", "lamp"), "words"),  # a required word missing
-        ("<<Short>>\nI lit the lantern by the river. I left.", "length"),  # 9 words
+        ("<<Short>>\nI lit the lantern by the river. Then I left home.", "length"),  # 12 words
         (GOOD_FIRST + (" And then the night went on." * 12), "length"),  # too long
         (
             GOOD_FIRST.replace("I ", "She ")
@@ -96,7 +96,8 @@ def test_the_judge_is_told_the_checked_story_reward() -> None:
     assert task.weights == {"length": 1.0, "words": 1.0, "pov": 1.0, "title": 2.0} and task.max_reward == 5.0
     r = task.check(SPEC, GOOD_FIRST.replace("lantern", "lamp"))
     assert task.result_line(r) == (
-        "checked reward 4.50 of 5.00 (length 1.00, words 0.50, pov 1.00, title 1.00); words: missing lantern"
+        "checked reward 4.50 of 5.00 (length 1.00, words 0.50, pov 1.00, title 1.00); "
+        "words: not used in a sentence lantern"
     )
     assert task.result_line(task.check(SPEC, GOOD_FIRST)).endswith("title 1.00)")  # no reasons, no "; "
 
@@ -233,7 +234,8 @@ def test_extra_code_in_the_answer_is_a_change_and_its_doctests_do_not_run(sandbo
     loose = Documentation(ApiGrpoDocumentationParams(require_unchanged=False))
     (r,) = loose.score([COUNT], [_doc_turns(cheat)], sandbox)
     assert r["doctests"] == 0.0 and r["doctests_passed"] == 0  # not run: they would describe other code
-    assert r["params"] == r["returns"] == 1.0 and r["total"] == pytest.approx(0.75)
+    # no example ran, so nothing shows the stated return value
+    assert r["params"] == 1.0 and r["returns"] == 0.0 and r["total"] == pytest.approx(0.5)
     module_doc = GOOD_DOC.replace("```python\n", '```python\n"""A module docstring is not code."""\n')
     (ok,) = Documentation().score([COUNT], [_doc_turns(module_doc)], sandbox)
     assert ok["total"] == 2.0

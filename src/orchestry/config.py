@@ -528,6 +528,13 @@ class ApiGrpoStoryParams(_Section):
     words_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of required words used")
     pov_weight: float = Field(1.0, ge=0, le=1e3, description="reward for the requested point of view")
     title_weight: float = Field(1.0, ge=0, le=1e3, description="reward for a <<title>> line")
+    prose_gate: bool = Field(
+        True,
+        description="multiply the parts by the prose score (real sentences, no repetition; tasks/story.py)",
+    )
+    copy_max: float = Field(
+        0.3, ge=0, le=1, description="a story with more of its words in 4-grams of the prompt scores 0"
+    )
     seed: Seed = Field(0, description="which specs are generated (topics, words, point of view)")
 
     @model_validator(mode="after")
@@ -548,6 +555,11 @@ class ApiGrpoDocumentationParams(_Section):
     require_unchanged: bool = Field(
         True, description="a changed function (AST) scores 0 on every part: its docs describe other code"
     )
+    require_consistent: bool = Field(
+        True,
+        description="a docstring whose summary shares no word with the code (name, parameters, body) or whose "
+        "stated return contradicts the examples' outputs scores 0 on doctests, params and returns",
+    )
 
     @model_validator(mode="after")
     def _some_weight(self) -> ApiGrpoDocumentationParams:
@@ -567,6 +579,12 @@ class ApiGrpoResearchParams(_Section):
     valid_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of citations that exist")
     coverage_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of passages cited")
     length_weight: float = Field(0.5, ge=0, le=1e3, description="reward for 1..max_words words")
+    support_min: float = Field(
+        0.5, ge=0, le=1, description="a claim is supported when this share of its content words is in the cited passages"
+    )
+    copy_max: float = Field(
+        0.5, ge=0, le=1, description="an answer with more of its words in 8-grams of the prompt/passages scores 0"
+    )
 
     @model_validator(mode="after")
     def _some_weight(self) -> ApiGrpoResearchParams:

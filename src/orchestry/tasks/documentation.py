@@ -37,6 +37,7 @@ from orchestry.problems import Problem
 from orchestry.rewards.code import extract_code
 from orchestry.sandbox import Job
 from orchestry.tasks.common import Turn, checked_result_line, part_weights, write_review_revise
+from orchestry.tasks.text_checks import content_stems, stem
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoDocumentationParams
@@ -136,6 +137,18 @@ def parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     return [n for n in names if n not in ("self", "cls")]
 
 
+def _is_generator(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """The function yields (outside nested functions)."""
+    stack = list(fn.body)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Yield | ast.YieldFrom):
+            return True
+        if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            stack.extend(ast.iter_child_nodes(n))
+    return False
+
+
 def returns_value(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """The function has a ``return <value>`` or a ``yield`` (outside nested functions)."""
     stack = list(fn.body)
@@ -179,6 +192,156 @@ def checked_examples(docstring: str) -> tuple[int, list[int]]:
     except ValueError:
         return 0, []
     return len(examples), [i for i, e in enumerate(examples) if e.want.strip()]
+
+
+_WRAPPERS = ("list", "sorted", "tuple", "set", "dict")
+_SECTION = re.compile(r"^\s*([A-Z][A-Za-z ]*?)\s*:?\s*$")
+_ARGS_HEADERS = (
+    "args",
+    "arguments",
+    "parameters",
+    "params",
+    "keyword args",
+    "keyword arguments",
+    "other parameters",
+)
+_KINDS = (  # the kind of value a return sentence states, by the first of these words it uses
+    ("bool", r"true|false|bool|boolean|whether"),
+    ("number", r"int|integer|float|number|count|sum|total|length|index|average|mean|product|maximum|minimum|"
+               r"max|min|digit|numeric|amount"),
+    ("str", r"str|string|text|word|character|char"),
+    ("list", r"list|array|sequence"),
+    ("dict", r"dict|dictionary|mapping"),
+    ("tuple", r"tuple|pair|triple"),
+    ("none", r"none|nothing"),
+)  # fmt: skip
+_KIND_WORD = re.compile(r"\b(" + "|".join(w for _, w in _KINDS) + r")s?\b", re.IGNORECASE)
+
+
+def calls_function(source: str, name: str) -> bool:
+    """A doctest example's source is a call of ``name`` (``name(...)``, or ``list(name(...))`` and the like
+    for ``list``/``sorted``/``tuple``/``set``/``dict``): an example that does not call the documented function
+    (``>>> 1 + 1``) documents nothing."""
+    tree = safe_parse(source)
+    if tree is None or len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
+        return False
+    node = tree.body[0].value
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _WRAPPERS
+        and len(node.args) == 1
+    ):
+        node = node.args[0]
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+
+
+def calling_examples(docstring: str, name: str) -> tuple[int, list[int]]:
+    """``(examples with an expected output, indices of those that call name and expect more than "...")``."""
+    try:
+        examples = doctest.DocTestParser().get_examples(docstring or "")
+    except ValueError:
+        return 0, []
+    wanted = [i for i, e in enumerate(examples) if e.want.strip()]
+    calling = [
+        i
+        for i in wanted
+        if calls_function(examples[i].source, name) and examples[i].want.strip().strip(".").strip()
+    ]
+    return len(wanted), calling
+
+
+def documented_names(text: str) -> list[str]:
+    """Parameter names the prose documents as entries: ``name: ...`` / ``name (type): ...`` lines of an
+    ``Args:``/``Parameters`` section (Google, NumPy) and Sphinx ``:param name:``."""
+    names, in_args = [], False
+    lines = (text or "").splitlines()
+    for k, line in enumerate(lines):
+        stripped = line.strip()
+        nxt = lines[k + 1].strip() if k + 1 < len(lines) else ""
+        header = _SECTION.match(line)
+        if header and (stripped.endswith(":") or set(nxt) == {"-"}):
+            in_args = header.group(1).strip().lower() in _ARGS_HEADERS
+            continue
+        if not stripped or set(stripped) == {"-"}:
+            continue
+        if in_args:
+            m = re.match(r"^\s*\**([A-Za-z_]\w*)\**\s*(?:\([^)\n]*\))?\s*(?::|--|–)", line)
+            if m:
+                names.append(m.group(1))
+    names += re.findall(r":param[ \t]+(?:[\w\[\], ]+[ \t]+)?([A-Za-z_]\w*)[ \t]*:", text or "")
+    return list(dict.fromkeys(names))
+
+
+def stated_kind(text: str) -> str | None:
+    """The kind of value the return sentence states (``bool``, ``number``, ``str``, ``list``, ``dict``,
+    ``tuple``, ``none``): the first kind word after ``return``/``returns``; None when it states none."""
+    m = _RETURNS.search(text or "")
+    if m is None:
+        return None
+    rest = re.split(r"[.!?](?:\s|$)|\n\s*\n", text[m.end() :].lstrip(" :\n\t"), maxsplit=1)[0]
+    w = _KIND_WORD.search(rest)
+    if w is None:
+        return None
+    word = w.group(1).lower()
+    return next(k for k, pat in _KINDS if re.fullmatch(pat, word))
+
+
+def output_kind(want: str) -> str | None:
+    """The kind of a doctest's expected output (a Python literal), None when it is not a literal."""
+    try:
+        v = ast.literal_eval(want.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    for kind, types in (("bool", bool), ("none", type(None)), ("number", int | float), ("str", str),
+                        ("list", list), ("dict", dict), ("tuple", tuple)):  # fmt: skip
+        if isinstance(v, types):
+            return kind
+    return None
+
+
+def code_vocabulary(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Stems of the words of the function: its name and the names/attributes its body uses, parameters left
+    out (naming a parameter does not say what the function does)."""
+    params = set(parameters(fn))
+    idents = {fn.name}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Name) and n.id not in params:
+            idents.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            idents.add(n.attr)
+    out = set()
+    for ident in idents:
+        for part in re.split(r"_+|(?<=[a-z])(?=[A-Z])", ident):
+            if len(part) >= 3:
+                out.add(stem(part))
+                if part.lower().startswith("is") and len(part) > 4:  # isupper -> upper
+                    out.add(stem(part[2:]))
+    return out
+
+
+_SYNONYMS = {"largest": "max", "maximum": "max", "biggest": "max", "highest": "max", "smallest": "min",
+             "minimum": "min", "lowest": "min", "length": "len", "number": "len", "total": "sum",
+             "sorted": "sort", "order": "sort", "reverse": "reversed", "count": "len", "string": "str",
+             "integer": "int", "absolute": "abs", "round": "round", "multiplied": "mult", "twice": "mult"}  # fmt: skip
+
+
+def summary_relevant(text: str, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """The prose, quoted code and ``Args`` entries left out, shares a content word (stemmed, a few synonyms
+    such as largest/max) with the code (:func:`code_vocabulary`): "Deletes all files." says nothing about
+    ``count_upper``."""
+    kept, in_args = [], False
+    for line in (text or "").splitlines():  # the Args entries name parameters; they say nothing of the code
+        header = _SECTION.match(line)
+        if header and line.strip().endswith(":"):
+            in_args = header.group(1).strip().lower() in _ARGS_HEADERS
+            continue
+        if not in_args:
+            kept.append(line)
+    first = re.sub(r"`[^`]*`", " ", "\n".join(kept))  # quoted code (a parameter's name) is not a description
+    said = content_stems(first)
+    said |= {stem(v) for k, v in _SYNONYMS.items() if stem(k) in said}
+    return bool(said & code_vocabulary(fn))
 
 
 class Documentation:
@@ -324,9 +487,14 @@ class Documentation:
         text = prose(doc)
         names = parameters(fn)
         described = [n for n in names if describes(text, n)]
-        params = len(described) / len(names) if names else 1.0
-        returns = float(bool(_RETURNS.search(text))) if returns_value(fn) else 1.0
-        _, checked = checked_examples(doc)
+        bare = {n.lstrip("*") for n in names}
+        phantom = [n for n in documented_names(text) if n not in bare]
+        params = len(described) / (len(names) + len(phantom)) if names or phantom else 1.0
+        states_return = bool(_RETURNS.search(text))
+        wanted, checked = calling_examples(doc, problem.entry_point)
+        examples = doctest.DocTestParser().get_examples(doc) if wanted else []
+        kinds = [output_kind(examples[i].want) for i in checked]
+        relevant = summary_relevant(text, fn)
         reasons = []
         if not unchanged:
             reasons.append(
@@ -336,12 +504,26 @@ class Documentation:
             reasons.append("no docstring")
         if names and len(described) < len(names):
             reasons.append("params: not described " + ", ".join(n for n in names if n not in described))
-        if not returns:
+        if phantom:
+            reasons.append("params: no such parameter " + ", ".join(phantom))
+        if returns_value(fn) and not states_return:
             reasons.append("returns: the return value is not described")
         if not checked:
-            reasons.append("doctests: no example with an expected output")
-        parts = {"unchanged": float(unchanged), "doctests": 0.0, "params": params, "returns": returns}
-        info = {**parts, "examples": len(checked), "doctests_passed": 0, "reasons": reasons}
+            reasons.append(
+                f"doctests: no example calls {problem.entry_point} with an expected output"
+                + (f" ({wanted} example(s) that do not)" if wanted else "")
+            )
+        elif len(checked) < wanted:
+            reasons.append(f"doctests: {wanted - len(checked)} example(s) do not call {problem.entry_point}")
+        if doc and not relevant:
+            reasons.append("relevant: the summary shares no word with the code (name, parameters, body)")
+        parts = {"unchanged": float(unchanged), "doctests": 0.0, "params": params, "returns": 0.0}
+        info = {
+            **parts, "examples": len(checked), "doctests_passed": 0, "reasons": reasons,
+            "relevant": float(relevant), "consistent": 1.0,
+            "_wanted": wanted, "_kinds": kinds, "_states_return": states_return,
+            "_stated": stated_kind(text), "_returns_value": returns_value(fn), "_generator": _is_generator(fn),
+        }  # fmt: skip
         job = None
         if checked and unchanged:  # doctests describe the original code: a changed answer's are not run
             program = (problem.context + "\n" if problem.context else "") + code + DOCTEST_RUNNER
@@ -349,7 +531,31 @@ class Documentation:
             job = Job(program=program, asserts=asserts)
         return info, job
 
-    def _finish(self, info: dict) -> dict:
+    def _finish(self, info: dict, passed: Sequence[bool] = ()) -> dict:
+        """The parts that need the doctests' verdicts (``passed``, one per calling example), the gates, the
+        total. ``returns``: the prose states the return and what it states agrees with the expected outputs of
+        the examples that pass (a function that returns nothing: 1)."""
+        wanted, kinds = info.pop("_wanted", 0), info.pop("_kinds", [])
+        states, stated = info.pop("_states_return", False), info.pop("_stated", None)
+        returns_value_, generator = info.pop("_returns_value", True), info.pop("_generator", False)
+        info.setdefault("relevant", 0.0)
+        info.setdefault("consistent", 0.0)
+        info["doctests_passed"] = sum(passed)
+        info["doctests"] = sum(passed) / wanted if wanted else 0.0
+        seen = {k for k, ok in zip(kinds, passed, strict=False) if ok and k is not None}
+        contradicts = stated is not None and not generator and bool(seen) and seen != {stated}
+        if not returns_value_ or (states and any(passed) and not contradicts):
+            info["returns"] = 1.0
+        elif states and not any(passed):
+            info["reasons"].append("returns: no passing example shows the return value")
+        if contradicts:
+            info["consistent"] = 0.0
+            info["reasons"].append(
+                f"consistent: the docstring says it returns a {stated}, the examples show {', '.join(sorted(seen))}"
+            )
+        if self.params.require_consistent and not (info["consistent"] and info["relevant"]):
+            for k in ("doctests", "params", "returns"):
+                info[k] = 0.0
         if self.params.require_unchanged and not info["unchanged"]:
             for k in self.reward_parts:
                 info[k] = 0.0
@@ -377,14 +583,13 @@ class Documentation:
         if pending:
             results = sandbox.run_batch([job for _, _, job in pending])
             for (k, info, _), res in zip(pending, results, strict=True):
-                info["doctests_passed"] = res.passed
-                info["doctests"] = res.passed / res.total if res.total else 0.0
+                passed = [o.passed for o in res.outcomes]
                 if res.error:
                     info["reasons"].append(f"doctests: {res.error[:200]}")
                 elif res.passed < res.total:
                     failed = [i + 1 for i, o in enumerate(res.outcomes) if not o.passed]
                     info["reasons"].append(f"doctests: {res.passed}/{res.total} pass (failing: {failed[:5]})")
-                self._memo[k] = self._finish(info)
+                self._memo[k] = self._finish(info, passed)
         return [dict(self._memo[k], reasons=list(self._memo[k]["reasons"])) for k in keys]
 
     def result_line(self, reward: Mapping) -> str:

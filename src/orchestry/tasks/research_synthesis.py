@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestry.tasks.common import Turn, checked_result_line, finished, next_message, part_weights
+from orchestry.tasks.text_checks import content_stems, copied_share, is_real_sentence, support
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoResearchParams
@@ -101,6 +102,19 @@ def read_bundles(path: str | Path) -> list[Bundle]:
 def claims(text: str) -> list[str]:
     """Sentences or lines of at least 3 words (citations and list markers kept)."""
     return [s.strip() for s in _SENTENCES.split(text or "") if len(s.split()) >= 3]
+
+
+def supported(claim: str, passages: Mapping[str, str], support_min: float = 0.5) -> bool:
+    """``claim`` is a real sentence once its citations are removed, cites passages of the bundle, and at least
+    ``support_min`` of its content words (3+ distinct) occur in those passages; a claim copied verbatim (8-word
+    runs covering 80 % of it) is a quote, not a synthesis, and is not supported."""
+    cited = [passages[i] for i in cited_ids(claim) if i in passages]
+    text = _CITATION.sub(" ", claim)
+    if not cited or len(content_stems(text)) < 3 or not is_real_sentence(text, 4):
+        return False
+    if copied_share(text, cited, 8) > 0.8:
+        return False
+    return support(text, " ".join(cited)) >= support_min
 
 
 def cited_ids(text: str) -> list[str]:
@@ -190,34 +204,58 @@ class ResearchSynthesis:
         raise finished(self, turns)
 
     def check(self, bundle: Bundle, answer: str) -> dict:
-        """The checked parts of one answer (each 0-1), the weighted ``total`` and ``reasons``."""
+        """The checked parts of one answer (each 0-1), the weighted ``total`` and ``reasons``.
+
+        A claim (a sentence of real prose once its citations are removed) counts as cited only when the
+        passages it cites support it (:func:`supported`); citations outside such claims earn nothing; an answer
+        mostly copied from the prompt or the passages (``copy_max``) scores 0.
+        """
         ids = set(bundle.ids)
+        passages = dict(bundle.passages)
         cs = claims(answer)
-        supported = [c for c in cs if set(cited_ids(c)) & ids]
+        ok = [c for c in cs if supported(c, passages, self.params.support_min)]
         cites = cited_ids(answer)
+        good_cites = [i for c in ok for i in cited_ids(c) if i in ids]
         invented = sorted({c for c in cites if c not in ids})
         words = len((answer or "").split())
+        copied = copied_share(answer, [bundle.prompt, bundle.question, *passages.values()], 8)
         parts = {
-            "cited": len(supported) / len(cs) if cs else 0.0,
-            "valid": sum(c in ids for c in cites) / len(cites) if cites else 0.0,
-            "coverage": len(ids & set(cites)) / len(ids),
-            "length": float(1 <= words <= self.params.max_words),
+            "cited": len(ok) / len(cs) if cs else 0.0,
+            "valid": len(good_cites) / len(cites) if cites else 0.0,
+            "coverage": len(set(good_cites)) / len(ids),
+            "length": float(1 <= words <= self.params.max_words and bool(ok)),
         }
         reasons = []
-        if cs and len(supported) < len(cs):
+        if cs and len(ok) < len(cs):
+            unsupported = [c for c in cs if set(cited_ids(c)) & ids and c not in ok]
             reasons.append(
-                f"cited: {len(cs) - len(supported)} of {len(cs)} claims cite no passage of the bundle"
+                f"cited: {len(cs) - len(ok)} of {len(cs)} claims cite no passage that supports them"
+                + (f" (unsupported: {unsupported[0][:60]!r})" if unsupported else "")
             )
+        if not cs:
+            reasons.append("cited: no claim (a sentence of prose)")
         if invented:
             reasons.append("valid: no such passage " + ", ".join(invented))
         if not cites:
             reasons.append("valid: no citation")
+        elif sum(c in ids for c in cites) > len(good_cites):
+            unbacked = sum(c in ids for c in cites) - len(good_cites)
+            reasons.append(f"valid: {unbacked} of {len(cites)} citations back no supported claim")
         if parts["coverage"] < 1:
-            reasons.append("coverage: not cited " + ", ".join(i for i in bundle.ids if i not in cites))
+            reasons.append(
+                "coverage: not cited by a supported claim "
+                + ", ".join(i for i in bundle.ids if i not in good_cites)
+            )
         if not parts["length"]:
-            reasons.append(f"length: {words} words, at most {self.params.max_words}")
+            reasons.append(f"length: {words} words, at most {self.params.max_words}, and a supported claim")
         total = sum(self.weights[k] * v for k, v in parts.items())
-        return {**parts, "total": total, "claims": len(cs), "words": words, "reasons": reasons}
+        if copied > self.params.copy_max:
+            reasons.append(f"copied: {copied:.0%} of the answer repeats the prompt or the passages")
+            total = 0.0
+        return {
+            **parts, "total": total, "claims": len(cs), "supported": len(ok), "copied": copied, "words": words,
+            "reasons": reasons,
+        }  # fmt: skip
 
     def score(
         self,

@@ -30,6 +30,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orchestry.tasks.common import Turn, checked_result_line, finished, next_message, part_weights
+from orchestry.tasks.text_checks import (
+    compression_ratio,
+    copied_share,
+    distinct_n,
+    is_real_sentence,
+    sentences,
+)
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoStoryParams
@@ -171,6 +178,31 @@ def pov_ok(text: str, pov: str) -> bool:
     raise ValueError(f"point of view must be first or third, got {pov!r}")
 
 
+def prose_score(text: str, all_words: int) -> tuple[float, str]:
+    """``(score, reason)``: how much of a story is real, non-repetitive prose (1.0 for a normal story).
+
+    ``text`` is the story's real sentences (:func:`orchestry.tasks.text_checks.is_real_sentence`), ``all_words``
+    the word count of the whole body. The score is the product of: the share of the body's words in real
+    sentences (full at 80 %), distinct word bigrams (full at 0.85, 0 at 0.6) and the zlib compression ratio of
+    the prose (full at 0.35, 0 at 0.2): keyword salad, lists and repeated sentences score near 0.
+    """
+    ws = words_of(text)
+    if not ws:
+        return 0.0, "prose: no real sentence"
+    real = min(1.0, len(ws) / max(all_words, 1) / 0.8)
+    d2 = distinct_n(ws, 2)
+    rep = min(1.0, max(0.0, (d2 - 0.6) / 0.25))
+    cr = compression_ratio(text)
+    comp = min(1.0, max(0.0, (cr - 0.2) / 0.15))
+    score = real * rep * comp
+    if score >= 1.0:
+        return 1.0, ""
+    return score, (
+        f"prose: {score:.2f} ({len(ws)} of {all_words} words in real sentences, distinct bigrams {d2:.2f}, "
+        f"compression {cr:.2f})"
+    )
+
+
 def _story_text(answer: str) -> str:
     """The story in an answer: the text without a surrounding ``` fence. A preamble ('Here is...') is kept: it
     counts as story words (``length``) and is what the ``editor_preamble`` feature sees."""
@@ -256,29 +288,42 @@ class Story:
 
     # ---- reward ------------------------------------------------------------------------------------------------
     def check(self, spec: StorySpec, answer: str) -> dict:
-        """The checked constraints of one story: each part in [0, 1] (before weighting), the weighted
-        ``total``, the word count and ``reasons`` (what failed)."""
+        """The checked constraints of one story: each part in [0, 1] (before weighting), ``prose`` (the fluency
+        factor, 0-1), the weighted ``total`` (the parts' weighted sum times ``prose``), the word count of the
+        real prose and ``reasons`` (what failed). A story that copies the prompt scores 0."""
         title, body = split_title(_story_text(answer))
-        n = len(words_of(body))
+        copied = copied_share(body, [spec.prompt], 4)
+        real = [s for s in sentences(body) if is_real_sentence(s, 3, spec.words)]
+        real = [s for s in real if copied_share(s, [spec.prompt], 4) < 0.5]
+        text = " ".join(real)
+        n = len(words_of(text))
+        all_words = len(words_of(body))
         reasons = []
         length = float(spec.min_words <= n <= spec.max_words)
         if not length:
-            reasons.append(f"length: {n} words, need {spec.min_words}-{spec.max_words}")
-        missing = [w for w in spec.words if not uses_word(body, w)]
+            reasons.append(f"length: {n} words of prose, need {spec.min_words}-{spec.max_words}")
+        missing = [w for w in spec.words if not uses_word(text, w)]
         words = 1.0 - len(missing) / len(spec.words) if spec.words else 1.0
         if missing:
-            reasons.append("words: missing " + ", ".join(missing))
-        pov = float(bool(body) and pov_ok(body, spec.pov))
+            reasons.append("words: not used in a sentence " + ", ".join(missing))
+        pov = float(bool(text) and pov_ok(text, spec.pov))
         if not pov:
-            reasons.append(f"pov: not {spec.pov} person ({pov_counts(body)})")
+            reasons.append(f"pov: not {spec.pov} person ({pov_counts(text)})")
         title_ok = title is not None and (not spec.title or title.lower() == spec.title.lower())
         if not title_ok:
             reasons.append(
                 "title: no <<title>> line" if title is None else f"title: {title!r} is not requested"
             )
         parts = {"length": length, "words": words, "pov": pov, "title": float(title_ok)}
-        total = sum(self.weights[k] * v for k, v in parts.items())
-        return {**parts, "total": total, "word_count": n, "reasons": reasons}
+        prose, why = prose_score(text, all_words)
+        if why:
+            reasons.append(why)
+        if copied > self.params.copy_max:
+            prose = 0.0
+            reasons.append(f"copied: {copied:.0%} of the story repeats the prompt")
+        factor = prose if self.params.prose_gate else 1.0
+        total = factor * sum(self.weights[k] * v for k, v in parts.items())
+        return {**parts, "prose": prose, "total": total, "word_count": n, "reasons": reasons}
 
     def score(
         self,
