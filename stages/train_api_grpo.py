@@ -20,7 +20,7 @@ from orchestry.llm.backends import BackendConfigError, BackendError
 from orchestry.llm.cost import PriceError
 from orchestry.overrides import OverrideError, read_overrides
 from orchestry.problems import read_problems
-from orchestry.runtime import open_sandbox, run_stage, start_stage
+from orchestry.runtime import OutputNotWritable, open_sandbox, run_stage, start_stage
 from orchestry.tracking.metric_names import api_grpo_summary_name, renamed
 from orchestry.tracking.runs import log_metrics, stage_run
 from orchestry.training.api_grpo import open_clients, run_api_grpo
@@ -94,6 +94,9 @@ def main() -> None:
     except BackendError as e:  # the MLflow run is marked FAILED on the way out
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    except OutputNotWritable as e:  # found before the sandbox or any request: bad setup, exit code 2
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     ev = summary["eval"]
     brief = {
         "episodes": summary["episodes_completed"],

@@ -18,7 +18,7 @@ from orchestry.analysis.metrics import flat_numbers as _flat_numbers
 from orchestry.llm.backends import BackendConfigError, BackendError
 from orchestry.llm.cost import PriceError
 from orchestry.problems import read_problems
-from orchestry.runtime import open_sandbox, run_stage, start_stage
+from orchestry.runtime import OutputNotWritable, open_sandbox, run_stage, start_stage
 from orchestry.tracking.metric_names import orchestrator_summary_name, renamed
 from orchestry.tracking.runs import log_metrics, stage_run
 from orchestry.training.orchestrator import open_clients, run_orchestrator
@@ -72,6 +72,9 @@ def main() -> None:
     except BackendError as e:  # the MLflow run is marked FAILED on the way out
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    except OutputNotWritable as e:  # found before the sandbox or any request: bad setup, exit code 2
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     methods = summary["eval"]["methods"]
     brief = {
         m: {k: round(s[k]["mean"], 3) for k in ("reward", "tokens", "objective")} for m, s in methods.items()

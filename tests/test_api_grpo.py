@@ -369,6 +369,33 @@ def test_usage_above_max_tokens_stops_the_run_and_says_why(tmp_path, key) -> Non
     assert summary["eval"]["status"].startswith("skipped")
 
 
+def test_unwritable_outputs_are_found_before_any_request(tmp_path, key) -> None:
+    """reports/ that cannot be written (here its parent is a file) stops the run before the sandbox or any paid
+    request, not after them."""
+    from orchestry.runtime import OutputNotWritable
+
+    srv = FakeAnthropic(reply=_collab_reply())
+    (tmp_path / "reports").write_text("a file where the folder should be")
+    with srv.running(), pytest.raises(OutputNotWritable, match="cannot write to .*reports/api_grpo"):
+        _run(_cfg(srv, tmp_path), tmp_path / "reports" / "api_grpo")
+    assert srv.requests == []
+
+
+def test_a_failed_output_write_leaves_no_tmp_file(tmp_path, key) -> None:
+    """A full disk while writing an output (episodes.jsonl.tmp is /dev/full): the error goes up, no .tmp is left."""
+    import errno
+    import os
+
+    srv = FakeAnthropic(reply=_collab_reply(), usage={"input_tokens": 10, "output_tokens": 5})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "episodes.jsonl.tmp").symlink_to("/dev/full")  # every write to it fails with ENOSPC
+    with srv.running(), pytest.raises(OSError) as err:
+        _run(_cfg(srv, tmp_path, num_episodes=2), out)
+    assert err.value.errno == errno.ENOSPC
+    assert not os.path.lexists(out / "episodes.jsonl.tmp") and not list(out.glob("*.tmp"))
+
+
 def test_judge_is_mixed_into_the_value_and_proposes_guidelines(tmp_path, key) -> None:
     srv = FakeAnthropic(reply=_collab_reply())
     with srv.running():

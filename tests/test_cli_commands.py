@@ -144,6 +144,59 @@ def test_evaluate_refuses_prompts_beyond_the_model_context(agents, eval_files, t
     assert tokens > 1500  # the count, measured with the model's tokenizer and chat template
 
 
+def test_evaluate_finds_an_unwritable_out_before_the_work(agents, eval_files, tmp_path):
+    base, adapters = agents
+    (tmp_path / "reports").write_text("a file where the folder should be")
+    result = runner.invoke(app, ["evaluate", "--problems", str(eval_files["problems"]), "--adapters", str(adapters),
+                                 "--model", str(base), "--params", str(eval_files["params"]),
+                                 "--out", str(tmp_path / "reports" / "m.json")])  # fmt: skip
+    line = one_line_error(result, "--out")
+    assert "cannot write to" in line
+    assert "problems x" not in result.stderr  # refused before the work began
+
+
+def test_ctrl_c_during_evaluate_leaves_samples_and_out_as_they_were(agents, eval_files, tmp_path):
+    """SIGINT after the base pair's samples exist but before the trained pair's: --samples still holds the old set
+    (not a new base.jsonl beside an old magrpo.jsonl), --out is unchanged, and no temporary folder is left."""
+    base, adapters = agents
+    samples, out = tmp_path / "samples", tmp_path / "m.json"
+    samples.mkdir()
+    old = {"base.jsonl": '{"old": "base"}\n', "magrpo.jsonl": '{"old": "magrpo"}\n', "notes.txt": "mine\n"}
+    for name, text in old.items():
+        (samples / name).write_text(text)
+    out.write_text('{"old": true}\n')
+    params = tmp_path / "slow_params.yaml"  # enough trained-pair work after the base pair to interrupt it
+    params.write_text(
+        eval_files["params"].read_text().replace("max_completion_length: 8", "max_completion_length: 16")
+    )
+    cmd = [sys.executable, "-m", "orchestry.cli", "evaluate", "--problems", str(eval_files["problems"]), "--adapters",
+           str(adapters), "--model", str(base), "--params", str(params), "--num-samples", "4", "--samples",
+           str(samples), "--out", str(out)]  # fmt: skip
+    env = {
+        **os.environ,
+        "ORCHESTRY_PROGRESS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }  # bars say which pair runs
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+    err = b""
+    try:
+        while b"magrpo: generate" not in err:  # the base pair is done (the old code had written base.jsonl)
+            chunk = proc.stderr.read1(4096)
+            if not chunk:
+                pytest.fail(f"evaluate ended before its trained pair began: {err[-2000:]!r}")
+            err += chunk
+        proc.send_signal(signal.SIGINT)
+        err += proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = err.decode(errors="replace")
+    assert proc.returncode != 0, err
+    assert {p.name: p.read_text() for p in samples.iterdir()} == old, err[-2000:]
+    assert out.read_text() == '{"old": true}\n'
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".samples.")]
+
+
 def test_evaluate_bad_inputs_are_one_line(agents, eval_files, tmp_path):
     base, adapters = agents
     common = ["--model", str(base), "--params", str(eval_files["params"])]

@@ -137,6 +137,31 @@ def relaunch_under_accelerate(num_processes: int, script: str | Path) -> int:
     return 128 - code if code < 0 else code
 
 
+class OutputNotWritable(ValueError):
+    """An output folder cannot be written (found before any work); the one-line message names it."""
+
+
+def check_writable(folder: str | Path, what: str = "") -> None:
+    """Create ``folder`` (and parents) and write, flush and remove a small probe file in it, so that an output
+    that cannot be written is found before the work (sampling, paid requests) instead of after it.
+
+    Raises:
+        OutputNotWritable: naming the folder (and ``what`` writes there) and the reason.
+    """
+    import tempfile
+
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-") as f:
+            f.write(b"x" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        label = f" ({what})" if what else ""
+        raise OutputNotWritable(f"cannot write to {folder}{label}: {e.strerror or e}") from None
+
+
 def write_json(path: str | Path, obj) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

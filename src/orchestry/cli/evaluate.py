@@ -3,6 +3,7 @@ base model's pass rates per difficulty)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -37,8 +38,6 @@ def _check_context(probs, cfg, source: str) -> None:
     Raises:
         ProblemFormatError: see :func:`orchestry.problems.check_context`.
     """
-    import json
-
     from orchestry.llm.local import load_tokenizer
     from orchestry.problems import check_context
 
@@ -103,7 +102,7 @@ def evaluate(
     from orchestry.evaluation.scoring import FileOptionError
     from orchestry.params_file import ParamsError
     from orchestry.problems import ProblemFormatError, load_problems
-    from orchestry.runtime import load_policy, open_sandbox, write_json, write_jsonl
+    from orchestry.runtime import OutputNotWritable, check_writable, load_policy, open_sandbox
     from orchestry.sandbox import SandboxError
 
     console = Console(stderr=True, quiet=quiet)
@@ -123,6 +122,12 @@ def evaluate(
         cfg = _params_with_model(params, model)
         check_adapters(adapters)
         _check_context(probs, cfg, str(problems))  # before the weights are loaded
+        for path, option in ((out, "out"), (samples, "samples")):  # before the work, not after it
+            if path is not None:
+                try:
+                    check_writable(path.parent, f"--{option}")
+                except OutputNotWritable as err:
+                    raise FileOptionError(option, str(err)) from None
         k = num_samples or cfg.evaluate.num_samples
         console.print(f"{len(probs)} problems x {k} samples, base vs {adapters}", highlight=False)
         import torch
@@ -131,6 +136,7 @@ def evaluate(
         random.seed(0)
         policy, tok = load_policy(cfg, with_adapters=str(adapters))
         methods: dict[str, dict] = {}
+        records: dict[str, list[dict]] = {}
         try:
             with open_sandbox(cfg) as sb:
                 e = cfg.evaluate
@@ -138,8 +144,7 @@ def evaluate(
                     probs, policy, tok, sb, cfg.sampling, k, e.seed, e.batch_size, cfg.intervals, not quiet
                 ):
                     methods[name] = summary
-                    if samples is not None:
-                        write_jsonl(samples / f"{name}.jsonl", recs)
+                    records[name] = recs
         except SandboxError as err:
             raise RuntimeError(f"sandbox: {err}") from err
         report = {
@@ -151,10 +156,60 @@ def evaluate(
             "intervals": cfg.intervals.model_dump(),
             "methods": methods,
         }
+        # written at the end, as a set: an interrupt or an error before this leaves --samples and --out as they were
+        if samples is not None:
+            _replace_folder(samples, {f"{name}.jsonl": recs for name, recs in records.items()})
         if out is not None:
-            write_json(out, report)
+            _replace_file(out, json.dumps(report, indent=2, sort_keys=True) + "\n")
     if not quiet:
         _print_methods(methods, k, cfg.intervals.confidence, out)
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a temporary file beside it, renamed over it; removed on failure)."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _replace_folder(folder: Path, files: dict[str, list[dict]]) -> None:
+    """Replace ``folder``'s evaluation files as a set: the JSONL ``files`` are written to a temporary folder beside it,
+    then the old folder is moved aside and the new one renamed into place (other files the old folder held are
+    kept). A failure or an interrupt before the rename leaves ``folder`` as it was and no temporary folder."""
+    import shutil
+    import tempfile
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    old = None
+    try:
+        if folder.is_dir():  # keep what else the folder holds
+            for item in folder.iterdir():
+                if item.name not in files and item.is_file():
+                    shutil.copy2(item, tmp / item.name)
+        for name, rows in files.items():
+            with open(tmp / name, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+        if folder.exists():
+            old = folder.with_name(f".{folder.name}.old-{tmp.name.split('.')[-2]}")
+            folder.rename(old)
+        tmp.rename(folder)
+    except BaseException:
+        if old is not None and not folder.exists():
+            old.rename(folder)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _print_methods(methods: dict[str, dict], k: int, confidence: float, out: Path | None) -> None:

@@ -68,6 +68,7 @@ from orchestry.overrides import Override, apply_override, trajectory_id
 from orchestry.problems import Problem
 from orchestry.progress import progress_bar
 from orchestry.rewards.judge import Judge, judge_agreement, judge_prompt
+from orchestry.runtime import OutputNotWritable, check_writable
 from orchestry.tasks.common import Turn
 from orchestry.training.api_clients import repo_relative
 from orchestry.training.api_grpo_outputs import (
@@ -670,11 +671,13 @@ def run_api_grpo(
 
     Raises:
         LibraryError: ``api_grpo.init_behaviors`` names a missing or malformed library (before the clients).
+        OutputNotWritable: ``out_dir`` cannot be written (before the sandbox or any request).
         BackendConfigError, PriceError: before any work (see :func:`open_clients`).
     """
     try:
         transfer = read_transfer(cfg)
-    except LibraryError:
+        check_writable(out_dir, "api_grpo's outputs")  # before the sandbox and any paid request
+    except (LibraryError, OutputNotWritable):
         if clients is not None:
             clients.close()
         raise

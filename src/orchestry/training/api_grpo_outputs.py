@@ -160,14 +160,18 @@ def write_run_files(
 ) -> None:
     """Write ``episodes.jsonl``, ``rewards.csv`` (:func:`trajectory_rows`), ``learned_behaviors.json`` and
     ``summary.json`` into ``out`` (created), each atomically: written to ``<name>.tmp``, then renamed over it,
-    so an interrupted run never leaves a half-written file."""
+    so an interrupted run never leaves a half-written file (nor the ``.tmp``: a write that fails removes it)."""
     out.mkdir(parents=True, exist_ok=True)
 
     def atomic(name: str, write: Callable) -> None:
         tmp = out / (name + ".tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            write(f)
-        tmp.replace(out / name)
+        try:
+            with open(tmp, "w", newline="", encoding="utf-8") as f:
+                write(f)
+            tmp.replace(out / name)
+        except BaseException:  # a full disk, an interrupt: no .tmp left behind, the old file stays whole
+            tmp.unlink(missing_ok=True)
+            raise
 
     def write_csv(f) -> None:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS + [f"part_{k}" for k in parts])

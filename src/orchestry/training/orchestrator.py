@@ -48,6 +48,7 @@ from orchestry.llm.cache import CachedChat, ResponseCache
 from orchestry.llm.cost import BudgetExceeded, require_price
 from orchestry.problems import Problem
 from orchestry.progress import progress_bar
+from orchestry.runtime import check_writable
 from orchestry.tasks.agent_pool import (
     LevelScorer,
     make_agents,
@@ -426,10 +427,13 @@ def run_orchestrator(
 
     Raises:
         BackendConfigError, PriceError: before any work (see :func:`open_clients`).
+        OutputNotWritable: ``out_dir`` or ``policy_dir`` cannot be written (before any work).
     """
     clients = clients or open_clients(cfg, sampling, model_path, model_dtype)
     own_encoder = encoder is None
     try:
+        check_writable(out_dir, "the orchestrator's reports")  # before the encoder, the sandbox, any request
+        check_writable(policy_dir, "the orchestrator's policy")
         if encoder is None:
             from orchestry.llm.encoder import SentenceEncoder
 
