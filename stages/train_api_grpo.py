@@ -18,13 +18,13 @@ from orchestry.algorithms.behaviors import LibraryError
 from orchestry.analysis.metrics import flat_numbers as _flat_numbers
 from orchestry.llm.backends import BackendConfigError, BackendError
 from orchestry.llm.cost import PriceError
-from orchestry.overrides import OverrideError, read_overrides
+from orchestry.overrides import OverrideError, check_for_stage, read_overrides
 from orchestry.problems import read_problems
 from orchestry.runtime import OutputNotWritable, open_sandbox, run_stage, start_stage
 from orchestry.tracking.metric_names import api_grpo_summary_name, renamed
 from orchestry.tracking.runs import log_metrics, stage_run
 from orchestry.training.api_grpo import open_clients, run_api_grpo
-from orchestry.training.api_grpo_setup import read_transfer
+from orchestry.training.api_grpo_setup import make_task, read_transfer
 
 OUT = "reports/api_grpo"
 TRANSFER_DIR = "data/behaviors"  # libraries for api_grpo.init_behaviors; a dep of the stage (dvc.yaml)
@@ -48,8 +48,12 @@ def main() -> None:
     cfg = params.api_grpo
     train = read_problems("data/problems/train.jsonl")
     test = read_problems("data/problems/test.jsonl")
-    try:  # human scores (orchestry override / orchestry review); a missing file is none
-        overrides = read_overrides("data/overrides.jsonl")
+    try:  # human scores (orchestry override / orchestry review); a missing file is none. Checked for this
+        # task (ids, ranges) before any work; the check_overrides stage ran the same check before DVC removed
+        # this stage's outputs
+        overrides = check_for_stage(
+            read_overrides("data/overrides.jsonl"), cfg.task, make_task(cfg).max_reward
+        )
     except OverrideError as e:  # a malformed data/overrides.jsonl: bad input, exit code 2
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -97,6 +101,12 @@ def main() -> None:
     except OutputNotWritable as e:  # found before the sandbox or any request: bad setup, exit code 2
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    if summary["overrides"]["unknown"]:  # read, but no trajectory of this run has their ids
+        print(
+            f"warning: {summary['overrides']['unknown']} override(s) met no trajectory of this run: "
+            + ", ".join(summary["overrides"]["unknown_ids"][:10]),
+            file=sys.stderr,
+        )
     ev = summary["eval"]
     brief = {
         "episodes": summary["episodes_completed"],
@@ -109,6 +119,7 @@ def main() -> None:
         "tokens": summary["cost"]["tokens_total"],
         "budget": summary["budget"]["status"],
         "overrides_applied": summary["overrides"]["applied"],
+        "overrides_unknown": summary["overrides"]["unknown"],
     }
     print(json.dumps(brief, default=str))
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from fake_llm_servers import FakeAnthropic
 from test_api_grpo import DOUBLE, INC, _cfg, _collab_reply
 from typer.testing import CliRunner
@@ -126,10 +129,10 @@ def test_orchestrator_episodes_are_reviewable(tmp_path) -> None:
     oid = orchestrator_episode_id(rec)
     assert list(items) == [oid] and items[oid].max_score == 4.0 and items[oid].automatic == 1.1
     f = tmp_path / "data" / "overrides.jsonl"
-    o = set_override(f, oid, "good", "fine", root=tmp_path, who="ann")
-    assert o.score == 4.0 and o.who == "ann" and read_overrides(f)[oid].note == "fine"
-    with pytest.raises(OverrideError, match=r"out of range \[0, 4\]"):
-        set_override(f, oid, "4.5", root=tmp_path)
+    # train_orchestrator does not train on human scores: an override of an episode is refused, not stored
+    with pytest.raises(OverrideError, match="orchestrator episode: train_orchestrator does not"):
+        set_override(f, oid, "good", "fine", root=tmp_path, who="ann")
+    assert not f.exists()
     path.write_text(json.dumps(rec) + "\n\n{broken\n")  # the reports are read as strictly as the file
     with pytest.raises(OverrideError, match=r"transcripts.jsonl:3: not JSON"):
         load_reviewables(tmp_path)
@@ -208,7 +211,7 @@ def test_an_override_changes_the_next_runs_library_and_report(first_run, tmp_pat
             if t["id"] not in flipped:
                 set_override(file, t["id"], score, "inverted", root=root, who="test")
                 flipped[t["id"]] = score
-    assert s1["overrides"] == {"read": 0, "applied": 0, "rows": []}
+    assert s1["overrides"] == {"read": 0, "applied": 0, "rows": [], "unknown": 0, "unknown_ids": []}
 
     out2 = tmp_path / "run2"
     s2 = _run(cfg, out2, overrides=read_overrides(file))
@@ -225,3 +228,69 @@ def test_an_override_changes_the_next_runs_library_and_report(first_run, tmp_pat
     html = _api_grpo_section(s2, out2 / "summary.json")
     assert "Human overrides" in html and next(iter(flipped)) in html and "inverted" in html
     assert "Human overrides" not in _api_grpo_section(s1, out1 / "summary.json")
+
+
+# ---- checked where they are applied (issue 55) ------------------------------------------------------------------
+def test_the_stage_check_refuses_out_of_range_unknown_and_orchestrator_ids() -> None:
+    from orchestry.overrides import Override, check_for_stage
+
+    ok = Override("ag-0123456789ab", 1.5)
+    assert check_for_stage({ok.id: ok}, "documentation", 2.0) == {ok.id: ok}
+    nine = Override("ag-aaaaaaaaaaaa", 9.0)  # the issue's hand-written 9.0 on a 0-2 task (was applied)
+    with pytest.raises(
+        OverrideError, match=r"out of range \[0, 2\] for task documentation: ag-aaaaaaaaaaaa \(9\)"
+    ):
+        check_for_stage({ok.id: ok, nine.id: nine}, "documentation", 2.0)
+    with pytest.raises(OverrideError, match=r"out of range.*ag-aaaaaaaaaaaa \(-1\)"):
+        check_for_stage({nine.id: Override(nine.id, -1.0)}, "story", 4.0)
+    with pytest.raises(OverrideError, match="unknown ids .*: typo-1, zz"):  # was ignored silently
+        check_for_stage({"zz": Override("zz", 1.0), "typo-1": Override("typo-1", 1.0)}, "story", 4.0)
+    with pytest.raises(
+        OverrideError, match="orchestrator episodes .*: oe-0123456789ab"
+    ):  # were stored, ignored
+        check_for_stage({"oe-0123456789ab": Override("oe-0123456789ab", 2.0)}, "story", 4.0)
+    story = Override("ag-bbbbbbbbbbbb", 3.5, task="story")  # another task's line: its id can never match here
+    assert check_for_stage({story.id: story}, "documentation", 2.0) == {}
+    assert check_for_stage({story.id: story}, "story", 4.0) == {story.id: story}
+
+
+def test_unknown_ids_are_counted_in_the_summary() -> None:
+    from orchestry.training.api_grpo_outputs import override_summary
+
+    eps = [{"phase": "train", "episode": "0", "task_id": "T", "trajectories": [
+        {"id": "ag-000000000001", "reward": {"total": 1.0, "automatic_total": 2.0,
+                                              "override": {"score": 1.0, "note": "", "who": "a"}}},
+        {"id": "ag-000000000002", "reward": {"total": 2.0}}]}]  # fmt: skip
+    s = override_summary(eps, 3, ["ag-000000000001", "ag-00000000000f", "ag-00000000000e"])
+    assert (s["read"], s["applied"], s["unknown"]) == (3, 1, 2)
+    assert s["unknown_ids"] == ["ag-00000000000e", "ag-00000000000f"]
+
+
+def _check_stage(tmp_path: Path, overrides: str) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "overrides.jsonl").write_text(overrides)
+    (tmp_path / "params.yaml").write_text((root / "params.yaml").read_text())
+    return subprocess.run(
+        [sys.executable, str(root / "stages" / "check_overrides.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_a_bad_overrides_file_stops_the_pipeline_before_train_api_grpo(tmp_path) -> None:
+    """DVC removes a stage's outputs before its command runs: the check is a stage of its own that
+    train_api_grpo depends on, so a bad file fails there and train_api_grpo's outputs stay."""
+    stages = yaml.safe_load((Path(__file__).resolve().parents[1] / "dvc.yaml").read_text())["stages"]
+    check = stages["check_overrides"]
+    out = next(iter(check["outs"][0])) if isinstance(check["outs"][0], dict) else check["outs"][0]
+    assert "data/overrides.jsonl" in check["deps"] and out in stages["train_api_grpo"]["deps"]
+    bad = _check_stage(tmp_path, '{"id": "ag-aaaaaaaaaaaa", "score": 9.0}\n')  # code_collaboration: 0-4
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
+        "error: scores out of range"
+    )
+    assert not (tmp_path / out).exists()
+    broken = _check_stage(tmp_path, "{broken\n")
+    assert broken.returncode == 2 and "overrides.jsonl:1: not JSON" in broken.stderr
+    good = _check_stage(tmp_path, '{"id": "ag-aaaaaaaaaaaa", "score": 3.0}\n')
+    assert good.returncode == 0, good.stderr
+    assert json.loads((tmp_path / out).read_text())["for_task"] == 1

@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -58,9 +59,13 @@ class Override:
     note: str = ""
     who: str = ""
     when: str = ""
+    task: str = ""  # the API-GRPO task of the trajectory ("" in hand-written lines)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not d["task"]:
+            del d["task"]
+        return d
 
 
 @dataclass
@@ -75,6 +80,7 @@ class Reviewable:
     automatic: float
     turns: list[tuple[str, str]] = field(default_factory=list)  # (role/agent, text)
     parts: dict = field(default_factory=dict)  # the automatic reward parts
+    task: str = ""  # the API-GRPO task
 
 
 def _digest(parts: Iterable[str]) -> str:
@@ -139,7 +145,12 @@ def read_overrides(path: str | Path = OVERRIDES_PATH) -> dict[str, Override]:
         if d["id"] in out:
             raise OverrideError(f"{p}:{n}: id {d['id']} appears twice")
         out[d["id"]] = Override(
-            d["id"], float(score), str(d.get("note", "")), str(d.get("who", "")), str(d.get("when", ""))
+            d["id"],
+            float(score),
+            str(d.get("note", "")),
+            str(d.get("who", "")),
+            str(d.get("when", "")),
+            str(d.get("task", "")),
         )
     return out
 
@@ -214,6 +225,7 @@ def load_reviewables(root: str | Path = ".") -> dict[str, Reviewable]:
                 float(automatic),
                 turns,
                 {k: v for k, v in reward.items() if k not in ("override",)},
+                str(rec.get("task", "")),
             )
     for _, rec in _json_lines(root / ORCHESTRATOR_TRANSCRIPTS):
         oid = orchestrator_episode_id(rec)
@@ -274,6 +286,11 @@ def set_override(
             f"unknown id {item_id!r}: no trajectory or episode with it in {where} ({len(items)} ids)"
         )
     item = items[item_id]
+    if item.kind == "orchestrator":
+        raise OverrideError(
+            f"{item_id} is an orchestrator episode: train_orchestrator does not train on human scores, so an "
+            "override of it could not apply (score API-GRPO trajectories, ag-...)"
+        )
     x = parse_score(str(score), item.max_score)
     if not 0.0 <= x <= item.max_score:
         raise OverrideError(f"score {x:g} out of range [0, {item.max_score:g}] for {item_id} ({item.kind})")
@@ -286,10 +303,47 @@ def set_override(
         note,
         who if who is not None else who_am_i(),
         when or datetime.now(UTC).replace(microsecond=0).isoformat(),
+        item.task,
     )
     current[item_id] = o
     write_overrides(path, current.values())
     return o
+
+
+_ID = re.compile(r"^ag-[0-9a-f]{12}$")
+
+
+def check_for_stage(overrides: Mapping[str, Override], task: str, max_reward: float) -> dict[str, Override]:
+    """The overrides the API-GRPO stage can apply to ``task``, checked before any work.
+
+    Lines of another task (their ``task`` field) are left out: their ids hash that task's name and can never
+    match. Every other line must have an ``ag-`` id (``ag-`` + 12 hex digits) and a score in
+    ``[0, max_reward]``.
+
+    Raises:
+        OverrideError: one line naming every bad id: orchestrator (``oe-``) ids (nothing applies them), ids that
+            are no trajectory id, scores out of range (with the range and the task).
+    """
+    mine = {i: o for i, o in overrides.items() if not o.task or o.task == task}
+    orchestrator = sorted(i for i in mine if i.startswith("oe-"))
+    malformed = sorted(i for i in mine if not _ID.match(i) and not i.startswith("oe-"))
+    out_of_range = sorted(
+        f"{i} ({o.score:g})" for i, o in mine.items() if _ID.match(i) and not 0.0 <= o.score <= max_reward
+    )
+    problems = []
+    if orchestrator:
+        problems.append(
+            "orchestrator episodes (train_orchestrator does not apply overrides): " + ", ".join(orchestrator)
+        )
+    if malformed:
+        problems.append("unknown ids (not ag- + 12 hex digits): " + ", ".join(malformed))
+    if out_of_range:
+        problems.append(
+            f"scores out of range [0, {max_reward:g}] for task {task}: " + ", ".join(out_of_range)
+        )
+    if problems:
+        raise OverrideError("; ".join(problems))
+    return mine
 
 
 def apply_override(reward: Mapping, override: Override | None) -> dict:

@@ -612,7 +612,7 @@ class ApiGrpoRun:
                 "neutral_fallbacks": self.judge.failures if self.judge else 0,
                 **({"agreement": self.judge_agreement()} if self.judge else {}),
             },
-            "overrides": override_summary(self.episodes, len(self.overrides)),
+            "overrides": override_summary(self.episodes, len(self.overrides), self.overrides),
             **({"transfer": self.transfer_info} if self.transferred is not None else {}),
             "seconds": self.seconds,
         }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,10 @@ def trajectory_rows(episodes: Sequence[dict], parts: Sequence[str]) -> list[dict
     return out
 
 
-def override_summary(episodes: Sequence[dict], read: int) -> dict:
+def override_summary(episodes: Sequence[dict], read: int, ids: Iterable[str] = ()) -> dict:
     """Human overrides met in this run: how many were read, which ids were applied, and per applied id the
-    automatic and the human reward (the report lists them)."""
+    automatic and the human reward (the report lists them); ``unknown``: how many of ``ids`` (the overrides
+    read) met no trajectory of this run, ``unknown_ids`` which (the stage warns about them)."""
     rows = {}
     for rec in episodes:
         for t in rec["trajectories"]:
@@ -62,7 +63,14 @@ def override_summary(episodes: Sequence[dict], read: int) -> dict:
                     "automatic": t["reward"].get("automatic_total", 0.0), "human": o["score"],
                     "note": o["note"], "who": o["who"],
                 }  # fmt: skip
-    return {"read": read, "applied": len(rows), "rows": list(rows.values())}
+    unknown = sorted(set(ids) - set(rows))
+    return {
+        "read": read,
+        "applied": len(rows),
+        "rows": list(rows.values()),
+        "unknown": len(unknown),
+        "unknown_ids": unknown,
+    }
 
 
 def compare_arms(
