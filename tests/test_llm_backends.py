@@ -429,6 +429,8 @@ def _ledger_row(path: Path, scope: str) -> dict | None:
         con.row_factory = sqlite3.Row
         row = con.execute("SELECT * FROM spend WHERE scope = ?", (scope,)).fetchone()
         return dict(row) if row else None
+    except sqlite3.OperationalError:  # the other process created the file but not its tables yet
+        return None
     finally:
         con.close()
 
