@@ -23,7 +23,7 @@ def test_beginner_problems_join_the_train_split_and_hold_out_their_own_templates
 
     prepare = _prepare()
     small = {"num_train": 6, "num_val": 2, "num_test": 4}
-    plain = parse_params({"prepare": {"compositional": small}}).prepare
+    plain = parse_params({"prepare": {"compositional": {**small, "beginner_train": 0}}}).prepare
     mixed = parse_params(
         {"prepare": {"compositional": {**small, "beginner_train": 5, "beginner_test": 3}}}
     ).prepare

@@ -164,7 +164,7 @@ class CompositionalParams(_Section):
     types: list[Literal["ints", "str"]] = Field(["ints", "str"], min_length=1, description="input types")
     num_tests: int = Field(4, ge=3, le=5, description="asserts per problem")
     beginner_train: int = Field(
-        0,
+        48,
         ge=0,
         le=10_000,
         description="training problems of the beginner family (orchestry.generators.beginner: digit arithmetic, "
@@ -190,7 +190,12 @@ class PrepareParams(_Section):
     )
     compositional: CompositionalParams = CompositionalParams()
     transfer: list[Name] = Field(
-        ["humaneval"],
+        [
+            "humaneval",
+            "data/external/easy40.jsonl",
+            "data/external/mbpp_easy.jsonl",
+            "data/external/others_a.jsonl",
+        ],
         description="extra evaluation sets: 'humaneval' (its test split, HumanEval/133-163) or HumanEval-format "
         "files; written to data/problems/transfer/<name>.jsonl",
     )
@@ -383,7 +388,7 @@ class TrainMagrpoParams(_Section):
     warm_start_lr: float = Field(5e-4, gt=0, le=1.0, description="warm start: AdamW learning rate")
     warm_start_batch: int = Field(8, ge=1, le=4096, description="warm start: examples per optimizer step")
     warm_start_plain_prompts: bool = Field(
-        True,
+        False,
         description="warm start: also train each target under the prompts of problems that name no "
         "decomposition (HumanEval, MBPP, --problems files), so the pair writes aux there too",
     )
@@ -473,7 +478,7 @@ class EvaluateParams(_Section):
         None, ge=1, le=BIG, description="cap on test problems (None: whole split)"
     )
     max_problems_transfer: int | None = Field(
-        16, ge=1, le=BIG, description="cap on the problems of each transfer set (prepare.transfer; None: all)"
+        40, ge=1, le=BIG, description="cap on the problems of each transfer set (prepare.transfer; None: all)"
     )
     batch_size: int = Field(64, ge=1, le=4096, description="rows per generate call")
     turns: int | None = Field(
@@ -580,10 +585,16 @@ class ApiGrpoResearchParams(_Section):
     coverage_weight: float = Field(1.0, ge=0, le=1e3, description="times the share of passages cited")
     length_weight: float = Field(0.5, ge=0, le=1e3, description="reward for 1..max_words words")
     support_min: float = Field(
-        0.5, ge=0, le=1, description="a claim is supported when this share of its content words is in the cited passages"
+        0.5,
+        ge=0,
+        le=1,
+        description="a claim is supported when this share of its content words is in the cited passages",
     )
     copy_max: float = Field(
-        0.5, ge=0, le=1, description="an answer with more of its words in 8-grams of the prompt/passages scores 0"
+        0.5,
+        ge=0,
+        le=1,
+        description="an answer with more of its words in 8-grams of the prompt/passages scores 0",
     )
 
     @model_validator(mode="after")
