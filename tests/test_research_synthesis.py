@@ -146,7 +146,9 @@ def test_research_run_through_the_anthropic_sdk(tmp_path, monkeypatch) -> None:
             sources = user.split("Sources:\n", 1)[1].split("\n\nNotes of researcher A", 1)[0]
             blocks = re.findall(r"^\[(P\d+)\]\n(.*?)(?=\n\n\[P\d+\]\n|\Z)", sources, re.S | re.M)
             # a sentence per passage built from its own words (supported, not a verbatim 8-word copy)
-            return " ".join(f"It says that {' '.join(re.findall(r'[A-Za-z]+', t)[:7])} [{i}]." for i, t in blocks)
+            return " ".join(
+                f"It says that {' '.join(re.findall(r'[A-Za-z]+', t)[:7])} [{i}]." for i, t in blocks
+            )
         return "Some notes without any citation at all."
 
     srv = FakeAnthropic(reply=reply, usage={"input_tokens": 50, "output_tokens": 30})
