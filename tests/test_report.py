@@ -139,6 +139,38 @@ def image_widths(page: Path, tmp: Path) -> list[tuple[str, int]]:
     return [(src, int(w)) for src, w in json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))]
 
 
+# a test-only script: after load, the page lists the width of the document and, per table of the first screen
+# (provenance and results), its right edge, its width and its container's width (CSS pixels)
+LAYOUT_PROBE = """<script>
+window.addEventListener("load", () => {
+  const out = document.createElement("pre");
+  out.id = "layout-probe";
+  const tables = Array.from(document.querySelectorAll("#provenance table, #shows table"), (t) => ({
+    section: t.closest("section").id, right: t.getBoundingClientRect().right, width: t.scrollWidth,
+    room: t.parentElement.clientWidth}));
+  out.textContent = JSON.stringify({page: document.documentElement.scrollWidth, viewport: window.innerWidth, tables});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def first_screen_layout(page: Path, tmp: Path, width: int) -> dict:
+    """What :data:`LAYOUT_PROBE` measures of ``page`` in Chromium with a ``width`` px wide window."""
+    probe = page.with_name(page.stem + ".layout.html")
+    probe.write_text(
+        page.read_text(encoding="utf-8").replace("</body>", LAYOUT_PROBE + "</body>"), encoding="utf-8"
+    )
+    try:
+        run = _chromium(
+            tmp, f"--window-size={width},900", "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()
+        )
+    finally:
+        probe.unlink()
+    m = re.search(r'<pre id="layout-probe">(.*?)</pre>', run.stdout, re.S)
+    assert m, f"chromium did not run the probe (exit {run.returncode}): {run.stderr[-500:]}"
+    return json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     """reports/index.html made from a copy of the repository's reports/."""
@@ -160,7 +192,7 @@ def test_report_has_every_section_figure_and_method(built):
         assert f"figures/{name}" in figures and escape(FIGURES[name]) in html
     m = metrics["methods"]["magrpo"]
     ci = f"{m['reward']:.2f} [{m['reward_ci_low']:.2f}, {m['reward_ci_high']:.2f}]"
-    assert ci in html  # the metrics table shows the interval from metrics.json
+    assert ci in re.sub(r"<[^>]+>", "", html)  # the metrics table shows the interval from metrics.json
     # the results table: pass@k at the largest k evaluated and the collapse columns beside pass@1
     k = max(int(key.split("@")[1]) for key in m if key.startswith("pass@"))
     assert all(f"<th>{h}</th>" in html for h in ("pass@k", "chain form", "distinct"))
@@ -225,6 +257,33 @@ def test_chromium_loads_every_image_and_saves_a_screenshot(built, tmp_path):
         dst = ROOT / "reports" / "screenshots" / "index.png"
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shot, dst)
+
+
+@needs_chromium
+def test_the_first_screen_fits_1280_px_without_scrolling_sideways(built, tmp_path):
+    """Chromium at 1280 px: the provenance table (with the long machine line) and the results table fit their
+    1200 px column, so no cell lies outside the window or behind a table's own scroll bar."""
+    layout = first_screen_layout(built, tmp_path, 1280)
+    assert layout["viewport"] == 1280 and layout["page"] <= 1280, layout
+    assert {t["section"] for t in layout["tables"]} == {"provenance", "shows"}, layout
+    for t in layout["tables"]:
+        assert t["width"] <= t["room"] and t["right"] <= 1280, t
+
+
+def test_table_cells_wrap_and_keep_each_interval_on_one_line(built):
+    """Without a browser: no rule keeps a table cell on one line (the cause of the 1,623 px provenance table),
+    each ``[low, high]`` is one unbreakable span, and the provenance values are aligned left."""
+    from orchestry.reporting.report import CSS
+
+    assert not re.search(r"table\.data td\s*\{[^}]*nowrap", CSS)
+    assert re.search(r"table\.data \.ci\s*\{[^}]*white-space: nowrap", CSS)
+    page = built.read_text(encoding="utf-8")
+    shows = page.split('<section id="shows">')[1].split("</section>")[0]
+    assert re.search(
+        r'<td>[+-]?\d\.\d\d <span class="ci">\[[+-]?\d\.\d\d, [+-]?\d\.\d\d\]</span></td>', shows
+    )
+    provenance = page.split('<section id="provenance">')[1].split("</section>")[0]
+    assert 'class="dataframe data kv"' in provenance
 
 
 @needs_chromium

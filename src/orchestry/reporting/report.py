@@ -90,7 +90,9 @@ nav ul { columns: 2; }
 table.data { border-collapse: collapse; margin: .6em 0 1.2em; font-size: 0.88em; }
 table.data th, table.data td { border: 1px solid #ccc; padding: .25em .55em; text-align: right; }
 table.data th { background: #f0f0f0; }
-table.data td { white-space: nowrap; }
+table.data td { overflow-wrap: break-word; }
+table.data .ci { white-space: nowrap; }
+table.data.kv td, table.data.kv th { text-align: left; }
 .table { overflow-x: auto; }
 table.data td:first-child, table.data th:first-child { text-align: left; }
 table.data td:first-child { font-weight: 600; }
@@ -475,7 +477,7 @@ def _provenance_section(info: Mapping[str, Any], machine: str | None = None) -> 
         {"": "machine that trained (numbers depend on it: docs/reproducibility.md)",
          "value": machine or "not recorded"},
     ]  # fmt: skip
-    table = _table(rows)
+    table = _table(rows, kind="kv")
     ml = info.get("mlflow")
     if not ml:
         return table + (

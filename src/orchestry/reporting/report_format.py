@@ -84,9 +84,19 @@ def _usd(v: Any) -> str:
     return text if text == "—" or not text[-1].isdigit() else f"${text}"
 
 
-def _table(rows: list[dict]) -> str:
-    """An HTML table (pandas) of ``rows``, one column per key, the first naming the row; cells are escaped."""
-    table = pd.DataFrame(rows).fillna("—").to_html(classes="data", border=0, escape=True, index=False)
+#: A cell ``<mean> [<low>, <high>]`` (after escaping): the interval is kept on one line, the cell may break before it.
+_INTERVAL_CELL = re.compile(r"<td>([^<\[]*?) (\[[^\]<]*\])</td>")
+
+
+def _table(rows: list[dict], kind: str = "") -> str:
+    """An HTML table (pandas) of ``rows``, one column per key, the first naming the row; cells are escaped.
+
+    Cells wrap at spaces so that a table fits the page (1200 px) instead of scrolling sideways; an interval
+    (``[low, high]``) stays on one line (``<span class="ci">``), so a cell breaks only between mean and interval.
+    ``kind``: an extra class of the table (``kv``: name/value rows, values aligned left)."""
+    classes = ["data", kind] if kind else "data"
+    table = pd.DataFrame(rows).fillna("—").to_html(classes=classes, border=0, escape=True, index=False)
+    table = _INTERVAL_CELL.sub(r'<td>\1 <span class="ci">\2</span></td>', table)
     return f'<div class="table">{table}</div>'
 
 
