@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from orchestry.algorithms.orchestrator import step_rewards
-from orchestry.reporting.report import FIGURES, OBJECTIVE_LABEL, ReportError, write_report
+from orchestry.reporting.report import FIGURES, OBJECTIVE_LABEL, ReportError, ui_address, write_report
 from orchestry.tracking.runs import stage_run, ui_base
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def _parse(page: Path) -> _Page:
 
 def _mlflow_link(url) -> bool:
     """A link into the MLflow UI that ``orchestry ui`` serves (an experiment's page or a run's)."""
-    return f"{url.scheme}://{url.netloc}" == ui_base() and url.fragment.startswith("/experiments/")
+    return f"{url.scheme}://{url.netloc}" == ui_address() and url.fragment.startswith("/experiments/")
 
 
 def broken_references(page: Path) -> list[str]:
@@ -448,6 +448,9 @@ def test_a_page_built_in_a_stage_run_links_its_mlflow_runs(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DVC_ROOT", raising=False)
     monkeypatch.setenv("DVC_EXP_NAME", "exp-report")
+    monkeypatch.setenv(
+        "MLFLOW_UI_URL", "http://127.0.0.1:5123/"
+    )  # where `orchestry ui` serves (default 5000)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     try:
         with stage_run("evaluate", {}, "orchestry", uri=uri) as evaluate:
@@ -461,12 +464,21 @@ def test_a_page_built_in_a_stage_run_links_its_mlflow_runs(tmp_path, monkeypatch
     exp = plot.info.experiment_id
     html = page.read_text(encoding="utf-8")
     section = html.split('<section id="provenance">')[1].split("</section>")[0]
-    base = ui_base()
+    base, view = "http://127.0.0.1:5123", "?workflowType=machine_learning"  # the runs view, not GenAI's pages
+    assert ui_address() == base and "5000" not in section
     for run_id in (parent.info.run_id, evaluate.info.run_id, plot.info.run_id):
-        assert f'href="{base}/#/experiments/{exp}/runs/{run_id}"' in section
+        assert f'href="{base}/#/experiments/{exp}/runs/{run_id}{view}"' in section
     assert "exp-report" in section and parent.data.tags["params_hash"] in section
     for fig in (page.parent / "figures").glob("*.png"):  # each figure links its artifact in the plot run
         assert (
-            f'href="{base}/#/experiments/{exp}/runs/{plot.info.run_id}/artifacts/figures/{fig.name}"' in html
+            f'href="{base}/#/experiments/{exp}/runs/{plot.info.run_id}/artifacts/figures/{fig.name}{view}"'
+            in html
         )
     assert broken_references(page) == []
+
+
+def test_the_mlflow_address_is_mlflow_ui_url_else_orchestry_ui_s_default(monkeypatch):
+    monkeypatch.delenv("MLFLOW_UI_URL", raising=False)
+    assert ui_address() == ui_base() == "http://127.0.0.1:5000"
+    monkeypatch.setenv("MLFLOW_UI_URL", " http://laptop.local:8080/mlflow/ ")
+    assert ui_address() == "http://laptop.local:8080/mlflow"

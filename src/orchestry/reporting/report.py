@@ -18,7 +18,9 @@ The page states its provenance (:func:`provenance`): when it was made (UTC), the
 ``params.yaml``, the DVC experiment and, when it is built inside an MLflow stage run (the ``plot`` stage), links to
 the pipeline execution's parent run, to each stage run of that execution and, per figure, to the figure logged
 in the ``plot`` run. Those are the only absolute links: they point at the MLflow UI that ``orchestry ui`` serves
-(:func:`orchestry.tracking.runs.ui_base`) and work while it runs.
+(:func:`ui_address`: the environment variable ``MLFLOW_UI_URL`` when set, e.g. ``http://127.0.0.1:5001``, which
+``orchestry ui`` also serves on; else ``http://127.0.0.1:5000``) and work while it runs. They open MLflow's runs
+view ("Model training", ``?workflowType=machine_learning``), not its GenAI pages.
 """
 
 from __future__ import annotations
@@ -73,6 +75,29 @@ FIGURES = {
 #: (R_t = -lambda c_t, then R_T = r - lambda C_T): r - 2 lambda C, each cost counted once while running and once at
 #: the end (docs/orchestrator.md; orchestry.algorithms.orchestrator.step_rewards).
 OBJECTIVE_LABEL = "objective = reward − 2λ·cost"
+
+#: Environment variable naming the MLflow UI's address (``http://<host>:<port>``, optionally with a path) that the
+#: report's MLflow links point at and that ``orchestry ui`` serves on by default.
+UI_URL_ENV = "MLFLOW_UI_URL"
+#: Query that opens MLflow 3's runs view ("Model training") instead of its GenAI navigation.
+RUNS_VIEW_QUERY = "?workflowType=machine_learning"
+
+
+def ui_address() -> str:
+    """Address of the MLflow UI the report links to: ``$MLFLOW_UI_URL`` (without a trailing ``/``) when set, else
+    :func:`orchestry.tracking.runs.ui_base` (``http://127.0.0.1:5000``, ``orchestry ui``'s default)."""
+    from orchestry.tracking.runs import ui_base
+
+    return (os.environ.get(UI_URL_ENV) or "").strip().rstrip("/") or ui_base()
+
+
+def mlflow_link(experiment_id: str, run_id: str, base: str, path: str = "") -> str:
+    """A run's page (``path``: a sub-page, e.g. ``/artifacts/figures/x.png``) in the MLflow UI at ``base``, in the
+    runs view (:data:`RUNS_VIEW_QUERY`)."""
+    from orchestry.tracking.runs import run_url
+
+    return run_url(experiment_id, run_id, base) + path + RUNS_VIEW_QUERY
+
 
 ORCHESTRATOR_LABELS = {
     "learned": "learned orchestrator",
@@ -444,7 +469,7 @@ def provenance(root: Path = Path(".")) -> dict[str, Any]:
             if child.data.tags.get("stage"):
                 stages[child.data.tags["stage"]] = child.info.run_id
     info["mlflow"] = {
-        "ui": tracking.ui_base(),
+        "ui": ui_address(),
         "experiment_id": run.info.experiment_id,
         "run_id": run.info.run_id,
         "parent_id": parent,
@@ -467,8 +492,6 @@ def _training_machine(summary: Mapping[str, Any]) -> str | None:
 
 
 def _provenance_section(info: Mapping[str, Any], machine: str | None = None) -> str:
-    from orchestry.tracking.runs import run_url
-
     rows = [
         {"": "made (UTC)", "value": info.get("date")},
         {"": "git revision", "value": info.get("git_revision")},
@@ -487,7 +510,9 @@ def _provenance_section(info: Mapping[str, Any], machine: str | None = None) -> 
     eid, base = ml["experiment_id"], ml["ui"]
 
     def link(run_id: str, text: str) -> str:
-        return f'<a class="mlflow" href="{html.escape(run_url(eid, run_id, base))}">{html.escape(text)}</a>'
+        return (
+            f'<a class="mlflow" href="{html.escape(mlflow_link(eid, run_id, base))}">{html.escape(text)}</a>'
+        )
 
     items = []
     if ml.get("parent_id"):
@@ -496,7 +521,8 @@ def _provenance_section(info: Mapping[str, Any], machine: str | None = None) -> 
         items.append(f"<li>{link(run_id, stage)}</li>")
     return table + (
         f"<p>MLflow runs of this pipeline execution (open while <code>orchestry ui</code> serves {html.escape(base)}; "
-        "stages whose outputs came from the DVC cache ran in an earlier execution):</p>"
+        f"another address: set <code>{UI_URL_ENV}</code> before <code>dvc repro</code>; stages whose outputs came "
+        "from the DVC cache ran in an earlier execution):</p>"
         f"<ul>{''.join(items)}</ul>"
     )
 
@@ -549,10 +575,9 @@ def write_report(
     ml = source.get("mlflow") or {}
     figure_url = None
     if ml.get("run_id"):
-        from orchestry.tracking.runs import run_url
 
         def figure_url(name: str) -> str:
-            return run_url(ml["experiment_id"], ml["run_id"], ml["ui"]) + f"/artifacts/figures/{name}"
+            return mlflow_link(ml["experiment_id"], ml["run_id"], ml["ui"], f"/artifacts/figures/{name}")
 
     header, rows = results_rows(metrics)
     shows = (
