@@ -526,6 +526,46 @@ def test_ui_serves_the_project_store(store, tmp_path):
         log.close()
 
 
+def test_ui_prints_the_address_once_the_server_answers_with_one_worker_and_no_job_runner(store, monkeypatch):
+    """The URL and "ready" reach stdout only after /health answers (here: on the third poll); the server gets
+    ``--workers 1``, no MLflow job runner, and the host and port of MLFLOW_UI_URL (the report's links)."""
+    import importlib
+
+    import typer
+
+    ui_cli = importlib.import_module("orchestry.cli.ui")  # the package's attribute `ui` is the command
+
+    events: list[tuple] = []
+    started: dict = {}
+    real_popen = subprocess.Popen
+
+    def fake_popen(cmd, **kw):  # a stand-in server: a process of its own group that ends after 2 s
+        started.update(cmd=cmd, env=kw.get("env"))
+        return real_popen([sys.executable, "-c", "import time; time.sleep(2)"], start_new_session=True)
+
+    def fake_answers(base):
+        events.append(("poll", base))
+        return sum(e[0] == "poll" for e in events) >= 3
+
+    real_echo = typer.echo
+    monkeypatch.setattr(typer, "echo", lambda msg="", err=False, **kw: (events.append(("echo", str(msg), err)),
+                                                                         real_echo(msg, err=err, **kw)))  # fmt: skip
+    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    monkeypatch.setattr(ui_cli, "_answers", fake_answers)
+    monkeypatch.setenv("MLFLOW_UI_URL", "http://127.0.0.1:5123")
+    result = runner.invoke(app, ["ui", "--no-browser", "--tracking-uri", store])
+    assert result.exit_code == 0, (result.output, result.exception)
+    polls = [i for i, e in enumerate(events) if e[0] == "poll"]
+    stdout = [(i, e[1]) for i, e in enumerate(events) if e[0] == "echo" and not e[2]]
+    assert len(polls) == 3 and all(e[1] == "http://127.0.0.1:5123" for e in events if e[0] == "poll")
+    assert [m for _, m in stdout][1:] == ["ready (Ctrl-C stops the server)"]
+    assert stdout[0][1].startswith("http://127.0.0.1:5123/#/experiments/")
+    assert stdout[0][0] > polls[-1]  # nothing on stdout before the server answered
+    cmd = started["cmd"]
+    assert cmd[cmd.index("--workers") + 1] == "1" and cmd[cmd.index("--port") + 1] == "5123"
+    assert started["env"]["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+
+
 def test_ui_refuses_a_missing_store(tmp_path):
     missing = tmp_path / "none.db"
     one_line_error(runner.invoke(app, ["ui", "--tracking-uri", f"sqlite:///{missing}"]), "--tracking-uri")

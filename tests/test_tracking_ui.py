@@ -189,6 +189,8 @@ def test_the_url_orchestry_ui_prints_shows_the_runs_table_with_the_stage_column(
             except OSError:
                 time.sleep(0.5)
         assert health == "OK", log_path.read_text()[-3000:]
+        while time.time() < deadline and "ready" not in out_path.read_text():  # it polls /health too
+            time.sleep(0.2)
         url = out_path.read_text().splitlines()[0]
         assert url == runs_table_url(exp_id, f"http://127.0.0.1:{port}")
         run = subprocess.run(

@@ -29,34 +29,76 @@ def _can_open_browser() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
-def _open_when_ready(base: str, url: str, proc: Any, timeout_s: float, browser: bool) -> None:
-    """Wait (at most ``timeout_s``) for the server at ``base`` to answer ``/health``, say so on stderr and, if
-    ``browser``, open ``url`` in a web browser. Runs in a daemon thread: it never holds the command up."""
-    import time
+def _answers(base: str) -> bool:
+    """The server at ``base`` answers ``/health`` with 200."""
     import urllib.request
-    import webbrowser
+
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _wait_until_ready(base: str, proc: Any, timeout_s: float) -> bool:
+    """Poll ``base``'s ``/health`` every half second until it answers (True), the server process exits or
+    ``timeout_s`` passes (False)."""
+    import time
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        return
-    typer.echo(f"MLflow UI ready: {url}", err=True)
-    if browser:
-        try:
-            webbrowser.open(url, new=2)
-        except Exception as e:  # a browser that fails to start must not stop the server
-            typer.echo(f"could not open a browser ({e}); open the address above", err=True)
+        if _answers(base):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _open_browser(url: str) -> None:
+    """Open ``url`` in a web browser; runs in a daemon thread, so a slow browser never holds the command up."""
+    import webbrowser
+
+    try:
+        webbrowser.open(url, new=2)
+    except Exception as e:  # a browser that fails to start must not stop the server
+        typer.echo(f"could not open a browser ({e}); open the address above", err=True)
+
+
+def _ui_address_default() -> tuple[str | None, int | None]:
+    """Host and port of ``$MLFLOW_UI_URL`` (the address the report links to; README "MLflow"), or Nones."""
+    import os
+    from urllib.parse import urlsplit
+
+    from orchestry.reporting.report import UI_URL_ENV
+
+    value = (os.environ.get(UI_URL_ENV) or "").strip()
+    if not value:
+        return None, None
+    parts = urlsplit(value)
+    return parts.hostname, parts.port
 
 
 def ui(
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 5000,
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[
+        int | None,
+        typer.Option(min=1, max=65535, help="Port to listen on [default: MLFLOW_UI_URL's port, else 5000]."),
+    ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            help="Address to listen on (0.0.0.0: every interface) [default: MLFLOW_UI_URL's host, else "
+            "127.0.0.1]."
+        ),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, max=64, help="Server worker processes (mlflow server --workers).")
+    ] = 1,
+    jobs: Annotated[
+        bool,
+        typer.Option(
+            "--jobs/--no-jobs",
+            help="Start MLflow's background job runner (GenAI evaluation jobs; several ~240 MB processes).",
+        ),
+    ] = False,
     tracking_uri: TrackingUri = None,
     experiment: Annotated[
         str, typer.Option(help="MLflow experiment whose runs table is opened.")
@@ -73,11 +115,13 @@ def ui(
 ) -> None:
     """Start the MLflow UI (mlflow server) on the project's store; artifacts from <repo root>/mlartifacts.
 
-    Prints the address of the experiment's runs table on stdout (MLflow 3's "Model training" mode with the
-    columns stage, DVC experiment, git revision, execution and the key test metrics; orchestry.tracking.runs.
-    runs_table_url) and, when a graphical browser exists, opens it once the server answers (never waiting for
-    the browser). The command runs until the server stops: Ctrl-C or SIGTERM stops both. Exit code 2 when the
-    store does not exist; otherwise the server's exit code.
+    Once the server answers (polled every half second), prints the address of the experiment's runs table on
+    stdout (MLflow 3's "Model training" mode with the columns stage, DVC experiment, git revision, execution and
+    the key test metrics; orchestry.tracking.runs.runs_table_url), then "ready", and, when a graphical browser
+    exists, opens it (never waiting for the browser). The server runs one worker and no background job runner
+    unless asked (--workers, --jobs): light on a 2-core laptop. Host and port default to those of MLFLOW_UI_URL,
+    the address the report's MLflow links use. The command runs until the server stops: Ctrl-C or SIGTERM stops
+    both. Exit code 2 when the store does not exist; otherwise the server's exit code.
     """
     import os
     import signal
@@ -98,6 +142,8 @@ def ui(
 
         client = mlflow.MlflowClient(uri)
         exp = client.get_experiment_by_name(experiment)
+        env_host, env_port = _ui_address_default()
+        host, port = host or env_host or "127.0.0.1", port or env_port or 5000
         base = ui_base(host, port)
         if exp is None:
             url = f"{base}/#/experiments"
@@ -108,19 +154,13 @@ def ui(
         artifacts = repo_root() / "mlartifacts"
         cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
                "--default-artifact-root", artifacts.as_uri(), "--artifacts-destination", str(artifacts),
-               "--host", host, "--port", str(port)]  # fmt: skip
-        typer.echo(url)
+               "--host", host, "--port", str(port), "--workers", str(workers)]  # fmt: skip
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "true" if jobs else "false"}
         typer.echo(f"MLflow UI starting on {base} ({uri}); Ctrl-C stops it", err=True)
-        sys.stdout.flush()
         sys.stderr.flush()
-        # its own process group: the server's workers (uvicorn) are stopped with it, whoever signals this command
-        proc = subprocess.Popen(cmd, start_new_session=True)
-    opener = threading.Thread(
-        target=_open_when_ready,
-        args=(base, url, proc, 300.0, browser and _can_open_browser()),
-        daemon=True,
-    )
-    opener.start()
+        # its own process group: the server's workers (uvicorn) are stopped with it, whoever signals this command;
+        # its output goes to stderr, so stdout carries only the address and "ready"
+        proc = subprocess.Popen(cmd, start_new_session=True, env=env, stdout=2)
 
     def stop_server(*_: Any) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -128,6 +168,19 @@ def ui(
 
     previous = signal.signal(signal.SIGTERM, stop_server)
     try:
+        try:
+            if _wait_until_ready(base, proc, 300.0):
+                typer.echo(url)  # only now: the address answers when the user opens it
+                typer.echo("ready (Ctrl-C stops the server)")
+                sys.stdout.flush()
+                if browser and _can_open_browser():
+                    threading.Thread(target=_open_browser, args=(url,), daemon=True).start()
+            elif proc.poll() is None:
+                typer.echo(
+                    f"the MLflow server does not answer {base}/health after 300 s; still waiting", err=True
+                )
+        except KeyboardInterrupt:
+            stop_server()
         while True:
             try:
                 code = proc.wait()
