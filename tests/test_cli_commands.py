@@ -351,6 +351,45 @@ def test_compare_command_table_csv_and_errors(store, tmp_path):
     assert not missing.exists() and not missing.parent.exists()  # never created
 
 
+def _compare_at_width(store, monkeypatch, width: int, *args: str) -> str:
+    """``orchestry compare`` on ``store`` as a ``width``-column terminal prints it (rich Console(width=width))."""
+    import importlib
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    results_cli = importlib.import_module(
+        "orchestry.cli.results"
+    )  # the package's `results` is not the module
+    monkeypatch.setattr(results_cli, "_console", lambda piped_width: Console(width=width, file=buf))
+    result = runner.invoke(app, ["compare", "--tracking-uri", store, *args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return buf.getvalue()
+
+
+def test_compare_leads_with_the_metrics_and_fits_100_columns(store, monkeypatch):
+    """Metrics first (pass@1 trained then base, reward trained then base, cooperation, training reward), the
+    bookkeeping after; at 100 columns no line is longer and no cell or header is cut ("…")."""
+    out = _compare_at_width(store, monkeypatch, 100)
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 100 and "…" not in out, out
+    header = next(i for i, line in enumerate(lines) if line.strip().startswith("execution"))
+    heads = lines[1 : header + 1]  # the header's lines (a header wraps over several)
+
+    def at(word: str) -> int:  # the column where a header word starts
+        return min(line.find(word) for line in heads if word in line)
+
+    assert at("execution") < at("pass@1") < at("reward") < at("coop.") < at("quarter") < at("started"), out
+    assert at("started") < at("status") and "revision" not in out
+    assert "trained" in lines[header] and "base" in lines[header]
+    row = next(line for line in lines if line.strip().startswith("workspace"))
+    values = [v for v in row.split() if v[0].isdigit() or v in ("-",)]
+    assert values[:4] == ["0.250", "-", "1.100", "0.600"], row  # pass@1 trained, base; reward trained, base
+    wide = _compare_at_width(store, monkeypatch, 200, "--details")
+    assert "git revision" in wide and "params hash" in wide and "cached" in wide
+
+
 # ---------------------------------------------------------------- times
 
 

@@ -116,13 +116,30 @@ def compare(
     limit: Annotated[
         int, typer.Option(min=1, help="Newest N executions in the table (the CSV has all).")
     ] = 20,
+    details: Annotated[
+        bool,
+        typer.Option(
+            "--details",
+            help="Also show git revision, params hash, stage count, seconds and cached stages (the CSV has them).",
+        ),
+    ] = False,
     debug: Debug = False,
 ) -> None:
-    """One row per pipeline execution (DVC experiment / parent run) from MLflow, with its key metrics."""
+    """One row per pipeline execution (DVC experiment / parent run) from MLflow: its name, its key metrics (trained
+    and base pass@1 and reward, cooperation, MAGRPO's training reward), then when it started and its status;
+    --details adds the bookkeeping columns."""
+    from rich import box
     from rich.table import Table
 
     from orchestry.evaluation.scoring import FileOptionError
-    from orchestry.reporting.compare import DEFAULT_METRICS, CompareError, executions, load_runs
+    from orchestry.reporting.compare import (
+        BOOKKEEPING,
+        DEFAULT_METRICS,
+        CompareError,
+        executions,
+        load_runs,
+        metric_header,
+    )
     from orchestry.tracking.runs import tracking_uri as default_uri
 
     with _errors(debug, (CompareError, ""), (FileOptionError, "")):
@@ -130,15 +147,31 @@ def compare(
         runs = load_runs(experiment, tracking_uri or default_uri())
         table = executions(runs, metric or DEFAULT_METRICS, strict=bool(metric))
         _write_csv(table, csv)
-    shown = table.head(limit)
-    if not shown.empty and (shown["params_hash"] == "").all():
+    # the metrics right after the execution's name, its bookkeeping after them (most of it with --details)
+    after = BOOKKEEPING[1:] if details else ("started", "status")
+    shown = table.head(limit)[["execution", *[c for c in table.columns if c not in BOOKKEEPING], *after]]
+    if "params_hash" in shown and not shown.empty and (shown["params_hash"] == "").all():
         shown = shown.drop(columns="params_hash")
     t = Table(
-        title=f"{experiment}: {len(table)} pipeline executions, newest first", caption=_compare_caption(table)
+        title=f"{experiment}: {len(table)} pipeline executions, newest first",
+        caption=_compare_caption(table),
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
     )
     for c in shown.columns:
-        header = c.split(":", 1)[-1].replace("/", "/\n", 1).replace("summary/\n", "")
-        t.add_column(header, justify="left" if c in ("execution", "git_revision", "status") else "right")
+        header = metric_header(c) if c not in BOOKKEEPING else c.replace("_", " ")
+        t.add_column(
+            header,
+            justify="left" if c in ("execution", "git_revision", "status") else "right",
+            overflow="fold",  # a long execution name wraps instead of being cut
+            no_wrap=c in ("started", "status"),
+            min_width=9
+            if c == "execution"
+            else 7
+            if c not in BOOKKEEPING
+            else None,  # "workspace", "trained"
+        )
     for _, row in shown.iterrows():
         cells = []
         for c, v in row.items():
@@ -305,7 +338,7 @@ def paired(
 
 
 def _compare_caption(table) -> str:
-    metrics = [c for c in table.columns[7:] if ":" in c]
+    metrics = [c for c in table.columns if ":" in c]
     return "metric columns by stage: " + "; ".join(
         f"{c.split(':', 1)[1]} from {c.split(':', 1)[0]}" for c in metrics
     )

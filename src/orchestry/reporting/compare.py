@@ -32,16 +32,45 @@ import pandas as pd
 from orchestry.tracking.metric_names import PREFIXES, VOCABULARY_TAG, legacy_name
 from orchestry.tracking.runs import CACHED_RUN_PREFIX, cached_run_tag, metric_name
 
-#: Evaluate's trained and base rewards on the test split (max 4.0), the trained pair's cooperation rate and
-#: pass@1, and MAGRPO's training reward (last quarter of the steps, and last minus first quarter).
+#: Evaluate's trained and base pass@1 and rewards on the test split (max 4.0), the trained pair's cooperation rate,
+#: and MAGRPO's training reward (last quarter of the steps, and last minus first quarter): in the order
+#: ``orchestry compare`` shows them, trained beside base.
 DEFAULT_METRICS = (
+    "evaluate:test/magrpo/pass_at_1",
+    "evaluate:test/base/pass_at_1",
     "evaluate:test/magrpo/reward",
     "evaluate:test/base/reward",
     "evaluate:test/magrpo/cooperation_rate",
-    "evaluate:test/magrpo/pass_at_1",
     "train_magrpo:train/summary/last_quarter_reward",
     "train_magrpo:train/summary/difference",
 )
+#: The bookkeeping columns of :func:`executions` (before the metrics); ``orchestry compare`` shows them after.
+BOOKKEEPING = ("execution", "git_revision", "params_hash", "started", "stages", "status", "seconds", "cached")
+#: Method names of ``test/<method>/...`` as ``orchestry compare``'s headers say them.
+_HEADER_METHODS = {"magrpo": "trained", "base": "base"}
+#: Metric names that ``orchestry compare``'s headers shorten (each word fits a narrow column).
+_HEADER_METRICS = {
+    "cooperation_rate": "coop. rate",
+    "last_quarter_reward": "reward last quarter",
+    "difference": "gain last − first",
+}
+
+
+def metric_header(spec: str) -> str:
+    """A short column header for metric ``spec`` (``stage:name``; :func:`executions`): ``pass@1`` over
+    ``trained`` for ``evaluate:test/magrpo/pass_at_1``, ``train last quarter reward`` for
+    ``train_magrpo:train/summary/last_quarter_reward``; other names as they are, wrapped after their first ``/``."""
+    name = spec.split(":", 1)[-1]
+    parts = name.split("/")
+    if len(parts) == 3 and parts[0] == "test":
+        metric = _HEADER_METRICS.get(parts[2], parts[2].replace("_at_", "@").replace("_", " "))
+        return f"{metric}\n{_HEADER_METHODS.get(parts[1], parts[1])}"
+    if name.startswith("train/summary/"):
+        rest = name.removeprefix("train/summary/")
+        return "train " + _HEADER_METRICS.get(rest, rest.replace("_", " "))
+    return name.replace("/", "/\n", 1)
+
+
 PARENT = "tags.mlflow.parentRunId"
 _TAGS = ("tags.stage", PARENT, "tags.dvc_experiment", "tags.git_revision", "tags.params_hash")
 _STATUS_ORDER = ("FAILED", "KILLED", "RUNNING", "SCHEDULED", "FINISHED")  # an execution shows its worst stage
@@ -183,17 +212,7 @@ def executions(
     Raises:
         CompareError: ``strict`` and a metric that no run (of the named stage) logged.
     """
-    cols = [
-        "execution",
-        "git_revision",
-        "params_hash",
-        "started",
-        "stages",
-        "status",
-        "seconds",
-        "cached",
-        *metrics,
-    ]
+    cols = [*BOOKKEEPING, *metrics]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     df = _grouped(runs)
