@@ -1,7 +1,8 @@
 """The ``orchestry`` command line (console script ``orchestry = "orchestry.cli:app"``; ``orchestry --help``;
 ``python -m orchestry.cli``).
 
-Commands: ``score`` (level reward of completions in a file), ``evaluate`` (base vs trained agents on any
+Commands: ``score`` (level reward of completions in a file), ``score-text`` (the checked reward of one
+story, documentation or research-synthesis answer, each part and the reasons), ``evaluate`` (base vs trained agents on any
 HumanEval-format file, the ``evaluate`` stage's metrics), ``compare`` (pipeline executions and their key metrics
 from MLflow), ``times`` (seconds per stage of the newest executions, from MLflow), ``show-best`` (best and worst transcripts), ``ui`` (the MLflow UI on the project's store),
 ``smoke`` (the whole pipeline with micro params in a temporary copy), ``report`` (``reports/index.html``),
@@ -33,6 +34,7 @@ from orchestry.cli.pipeline import report, smoke
 from orchestry.cli.results import compare, paired, seeds, show_best, times
 from orchestry.cli.review import override, review
 from orchestry.cli.score import score
+from orchestry.cli.score_text import score_text
 from orchestry.cli.tune import tune
 from orchestry.cli.ui import ui
 
@@ -56,7 +58,9 @@ def _root(
     _STATE["debug"] = debug
 
 
-for _command in (score, seeds, evaluate, calibrate, compare, times, paired):
+app.command()(score)
+app.command("score-text")(score_text)
+for _command in (seeds, evaluate, calibrate, compare, times, paired):
     app.command()(_command)
 app.command("show-best")(show_best)
 for _command in (ui, smoke, report, tune, override, review, budget):
