@@ -5,6 +5,11 @@ checks the backend (key, price, server) before any work, runs
 :func:`orchestry.training.orchestrator.run_orchestrator` (REINFORCE on train problems, then the learned policy
 against fixed pipelines on test problems) and logs per-episode and per-update metrics, the summary and the
 outputs to MLflow. Outputs: ``models/orchestrator/`` (policy weights) and ``reports/orchestrator/``.
+
+Human overrides: the orchestrator-episode lines (``oe-...``) of ``data/overrides.jsonl`` are checked first (ids,
+scores in the task reward's range; a bad file is one error line, exit 2) and a training episode with an override
+trains on the person's score as its task reward; ``summary.json``'s ``overrides`` counts those read, applied and
+unknown (warned: no training episode of this run has the id).
 """
 
 import json
@@ -17,14 +22,16 @@ import mlflow
 from orchestry.analysis.metrics import flat_numbers as _flat_numbers
 from orchestry.llm.backends import BackendConfigError, BackendError
 from orchestry.llm.cost import PriceError
+from orchestry.overrides import OverrideError, check_for_orchestrator, read_overrides
 from orchestry.problems import read_problems
 from orchestry.runtime import OutputNotWritable, open_sandbox, run_stage, start_stage
 from orchestry.tracking.metric_names import orchestrator_summary_name, renamed
 from orchestry.tracking.runs import log_metrics, stage_run
-from orchestry.training.orchestrator import open_clients, run_orchestrator
+from orchestry.training.orchestrator import open_clients, run_orchestrator, task_reward_range
 
 OUT = "reports/orchestrator"
 POLICY = "models/orchestrator"
+OVERRIDES = "data/overrides.jsonl"
 
 
 def _log(metrics: dict, step: int | None = None) -> None:
@@ -38,6 +45,11 @@ def main() -> None:
     cfg = params.train_orchestrator
     train = read_problems("data/problems/train.jsonl")
     test = read_problems("data/problems/test.jsonl")
+    try:  # the human scores, checked before the backend, the model or the sandbox
+        overrides = check_for_orchestrator(read_overrides(OVERRIDES), *task_reward_range(cfg))
+    except OverrideError as e:  # a malformed data/overrides.jsonl: bad input, exit code 2
+        print(f"error: {OVERRIDES}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     try:  # key, price and server are checked here, before the MLflow run, the model or the sandbox
         clients = open_clients(cfg, params.sampling, params.model.path, params.model.dtype)
     except (
@@ -61,6 +73,7 @@ def main() -> None:
                 clients=clients,
                 confidence=params.intervals.confidence,
                 n_boot=params.intervals.resamples,
+                overrides=overrides,
             )
             flat = _flat_numbers({k: summary[k] for k in ("train", "eval", "learned", "cost", "cache")})
             _log(renamed(flat, orchestrator_summary_name))
@@ -75,12 +88,20 @@ def main() -> None:
     except OutputNotWritable as e:  # found before the sandbox or any request: bad setup, exit code 2
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    if summary["overrides"]["unknown"]:  # read, but no training episode of this run has their ids
+        print(
+            f"warning: {summary['overrides']['unknown']} orchestrator override(s) met no training episode of "
+            "this run: " + ", ".join(summary["overrides"]["unknown_ids"][:10]),
+            file=sys.stderr,
+        )
     methods = summary["eval"]["methods"]
     brief = {
         m: {k: round(s[k]["mean"], 3) for k in ("reward", "tokens", "objective")} for m, s in methods.items()
     }
     brief["learned_agent_share"] = {k: round(v, 3) for k, v in summary["learned"]["agent_share"].items()}
     brief["learned_cycle_share"] = summary["learned"]["cycle_share"]
+    brief["overrides_applied"] = summary["overrides"]["applied"]
+    brief["overrides_unknown"] = summary["overrides"]["unknown"]
     brief["seconds"] = round(time.time() - t0, 1)
     print(json.dumps(brief))
 

@@ -280,7 +280,9 @@ class FakeEncoder:
         return None
 
 
-def _fake_run(tmp_path: Path, chat: FakeChat, out: str = "out", **overrides) -> dict:
+def _fake_run(
+    tmp_path: Path, chat: FakeChat, out: str = "out", human: dict | None = None, **overrides
+) -> dict:
     from orchestry.llm.cache import CachedChat, ResponseCache
     from orchestry.llm.cost import CostTracker
     from orchestry.training.api_clients import Clients
@@ -300,6 +302,7 @@ def _fake_run(tmp_path: Path, chat: FakeChat, out: str = "out", **overrides) -> 
     return run_orchestrator(
         cfg, SamplingParams(), [INC, DOUBLE], [DOUBLE, INC], lambda: Sandbox(max_workers=1),
         tmp_path / out, tmp_path / out / "policy", clients=clients, encoder=FakeEncoder(), progress=False,
+        overrides=human,
     )  # fmt: skip
 
 
@@ -341,6 +344,40 @@ def test_whole_run_with_a_fake_backend_reuses_answers_by_agent_and_prompt(tmp_pa
     again = _fake_run(tmp_path, chat, out="again")
     assert chat.calls == first_calls and again["cost"]["calls"] == 0
     assert again["eval"]["methods"] == ev["methods"]
+
+
+def test_a_human_override_of_a_training_episode_changes_the_summary(tmp_path) -> None:
+    """Issue 55, item 2: an ``oe-`` override (as ``orchestry override`` writes it, from the episode's
+    transcripts.jsonl record) replaces that training episode's task reward before the update; the summary counts
+    it, and an id that no training episode of the run has is counted as unknown."""
+    from orchestry.overrides import Override, orchestrator_episode_id
+
+    chat = FakeChat()
+    base = _fake_run(tmp_path, chat)
+    assert base["overrides"] == {"read": 0, "applied": 0, "applied_ids": [], "unknown": 0, "unknown_ids": []}
+    records = [json.loads(x) for x in (tmp_path / "out" / "transcripts.jsonl").read_text().splitlines()]
+    first = next(r for r in records if r["phase"] == "train" and r["episode"] == 0)
+    oid = orchestrator_episode_id(first)
+    score = 0.0 if first["task_reward"] > 2 else 4.0  # far from the automatic reward
+    human = {
+        oid: Override(oid, score, "wrong answer", "ann"),
+        "oe-000000000000": Override("oe-000000000000", 1.0),
+    }
+    again = _fake_run(tmp_path, chat, out="again", human=human)
+    assert again["overrides"] == {
+        "read": 2, "applied": 1, "applied_ids": [oid], "unknown": 1, "unknown_ids": ["oe-000000000000"],
+    }  # fmt: skip
+    redo = [json.loads(x) for x in (tmp_path / "again" / "transcripts.jsonl").read_text().splitlines()]
+    ep0 = next(r for r in redo if r["phase"] == "train" and r["episode"] == 0)
+    assert orchestrator_episode_id(ep0) == oid  # the same episode (cached answers, seeded policy)
+    assert ep0["task_reward"] == score and ep0["reward"] == score
+    assert ep0["level_reward"]["automatic_total"] == first["reward"]
+    assert ep0["level_reward"]["override"]["who"] == "ann"
+    # the step rewards follow r: the objective moves by the override minus the automatic reward
+    assert ep0["objective"] == pytest.approx(first["objective"] + score - first["task_reward"], abs=1e-5)
+    assert (
+        again["train"]["first_quarter_objective"]["mean"] != base["train"]["first_quarter_objective"]["mean"]
+    )
 
 
 def test_plots_from_a_fake_run(tmp_path) -> None:

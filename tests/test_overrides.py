@@ -25,6 +25,7 @@ from orchestry.overrides import (
     Override,
     OverrideError,
     apply_override,
+    check_for_orchestrator,
     load_reviewables,
     orchestrator_episode_id,
     read_overrides,
@@ -129,10 +130,20 @@ def test_orchestrator_episodes_are_reviewable(tmp_path) -> None:
     oid = orchestrator_episode_id(rec)
     assert list(items) == [oid] and items[oid].max_score == 4.0 and items[oid].automatic == 1.1
     f = tmp_path / "data" / "overrides.jsonl"
-    # train_orchestrator does not train on human scores: an override of an episode is refused, not stored
-    with pytest.raises(OverrideError, match="orchestrator episode: train_orchestrator does not"):
+    # train_orchestrator trains on its training episodes only: an evaluation episode's override is refused
+    with pytest.raises(OverrideError, match="orchestrator evaluation episode"):
         set_override(f, oid, "good", "fine", root=tmp_path, who="ann")
     assert not f.exists()
+    train = {**rec, "phase": "train"}
+    path.write_text(json.dumps(train) + "\n")
+    tid = orchestrator_episode_id(train)
+    o = set_override(f, tid, "good", "fine", root=tmp_path, who="ann")
+    assert o.score == 4.0 and read_overrides(f) == {tid: o}
+    r = runner.invoke(app, ["override", tid, "2.5", "--root", str(tmp_path), "--who", "bob"])  # the CLI too
+    assert r.exit_code == 0, r.output
+    assert read_overrides(f)[tid].score == 2.5
+    with pytest.raises(OverrideError, match=r"out of range \[0, 4\]"):
+        set_override(f, tid, "5", root=tmp_path, who="ann")
     path.write_text(json.dumps(rec) + "\n\n{broken\n")  # the reports are read as strictly as the file
     with pytest.raises(OverrideError, match=r"transcripts.jsonl:3: not JSON"):
         load_reviewables(tmp_path)
@@ -245,10 +256,15 @@ def test_the_stage_check_refuses_out_of_range_unknown_and_orchestrator_ids() -> 
         check_for_stage({nine.id: Override(nine.id, -1.0)}, "story", 4.0)
     with pytest.raises(OverrideError, match="unknown ids .*: typo-1, zz"):  # was ignored silently
         check_for_stage({"zz": Override("zz", 1.0), "typo-1": Override("typo-1", 1.0)}, "story", 4.0)
-    with pytest.raises(
-        OverrideError, match="orchestrator episodes .*: oe-0123456789ab"
-    ):  # were stored, ignored
-        check_for_stage({"oe-0123456789ab": Override("oe-0123456789ab", 2.0)}, "story", 4.0)
+    # orchestrator episodes are train_orchestrator's: left out here, checked by check_for_orchestrator
+    oe = Override("oe-0123456789ab", 9.0)
+    assert check_for_stage({oe.id: oe}, "story", 4.0) == {}
+    with pytest.raises(OverrideError, match=r"range \[0, 4\]: oe-0123456789ab \(9\)"):
+        check_for_orchestrator({oe.id: oe})
+    with pytest.raises(OverrideError, match="unknown orchestrator ids .*: oe-typo"):
+        check_for_orchestrator({"oe-typo": Override("oe-typo", 1.0)})
+    ok_oe = Override("oe-0123456789ab", -1.0)  # binary task reward: failure_penalty -1 to success_bonus 1
+    assert check_for_orchestrator({ok_oe.id: ok_oe, nine.id: nine}, -1.0, 1.0) == {ok_oe.id: ok_oe}
     story = Override("ag-bbbbbbbbbbbb", 3.5, task="story")  # another task's line: its id can never match here
     assert check_for_stage({story.id: story}, "documentation", 2.0) == {}
     assert check_for_stage({story.id: story}, "story", 4.0) == {story.id: story}

@@ -1,6 +1,6 @@
 """Human-in-the-loop reward override: a person's score replaces the automatic reward of one trajectory.
 
-The reviewed file ``data/overrides.jsonl`` (tracked by git, a DVC dependency of ``train_api_grpo``) holds one
+The reviewed file ``data/overrides.jsonl`` (tracked by git, a DVC dependency of ``train_api_grpo`` and ``train_orchestrator``) holds one
 JSON object per line: ``{"id", "score", "note", "who", "when"}``, at most one line per id (setting an id again
 replaces its line). ``orchestry override ID SCORE --note ...`` and ``orchestry review`` write it; every write
 goes to a temporary file beside it, is fsynced and renamed over it, so a failed or refused command never loses
@@ -15,6 +15,12 @@ trajectory whose text changed is a different trajectory and keeps its automatic 
 Scores are in the reward's own units: 0 to the task's ``max_reward`` (recorded in ``summary.json``) for
 API-GRPO trajectories, 0 to 4 (the level reward) for orchestrator episodes. A *verdict* is a shorthand:
 ``good`` = the maximum, ``bad`` = 0.
+
+``train_orchestrator`` reads the file too (:func:`check_for_orchestrator`): a training episode with an
+override gets the human score as its task reward r before the REINFORCE update (its step rewards, return and
+reported reward follow); an evaluation episode cannot be overridden. A rerun meets the same episode ids up to
+the first overridden one (the answers come from the response cache, the policy's samples are seeded); the
+episodes after it differ once the update changed the policy, so overrides are best set from the start.
 
 The API-GRPO stage reads the file (:func:`read_overrides`): a complete trajectory with an override gets the
 human score as its reward and as its value (the judge is not mixed in), so the group advantages, the
@@ -81,6 +87,7 @@ class Reviewable:
     turns: list[tuple[str, str]] = field(default_factory=list)  # (role/agent, text)
     parts: dict = field(default_factory=dict)  # the automatic reward parts
     task: str = ""  # the API-GRPO task
+    phase: str = ""  # an orchestrator episode's phase: train or eval
 
 
 def _digest(parts: Iterable[str]) -> str:
@@ -240,6 +247,7 @@ def load_reviewables(root: str | Path = ".") -> dict[str, Reviewable]:
             float(rec.get("reward", 0.0)),
             steps,
             dict(rec.get("level_reward") or {}),
+            phase=str(rec.get("phase", "")),
         )
     return items
 
@@ -286,10 +294,10 @@ def set_override(
             f"unknown id {item_id!r}: no trajectory or episode with it in {where} ({len(items)} ids)"
         )
     item = items[item_id]
-    if item.kind == "orchestrator":
+    if item.kind == "orchestrator" and item.phase != "train":
         raise OverrideError(
-            f"{item_id} is an orchestrator episode: train_orchestrator does not train on human scores, so an "
-            "override of it could not apply (score API-GRPO trajectories, ag-...)"
+            f"{item_id} is an orchestrator evaluation episode: train_orchestrator applies human scores to its "
+            "training episodes only (phase train)"
         )
     x = parse_score(str(score), item.max_score)
     if not 0.0 <= x <= item.max_score:
@@ -316,30 +324,58 @@ _ID = re.compile(r"^ag-[0-9a-f]{12}$")
 def check_for_stage(overrides: Mapping[str, Override], task: str, max_reward: float) -> dict[str, Override]:
     """The overrides the API-GRPO stage can apply to ``task``, checked before any work.
 
-    Lines of another task (their ``task`` field) are left out: their ids hash that task's name and can never
-    match. Every other line must have an ``ag-`` id (``ag-`` + 12 hex digits) and a score in
-    ``[0, max_reward]``.
+    Lines of another task (their ``task`` field) and orchestrator episodes (``oe-``, applied by
+    ``train_orchestrator``: :func:`check_for_orchestrator`) are left out: their ids can never match. Every other
+    line must have an ``ag-`` id (``ag-`` + 12 hex digits) and a score in ``[0, max_reward]``.
 
     Raises:
-        OverrideError: one line naming every bad id: orchestrator (``oe-``) ids (nothing applies them), ids that
-            are no trajectory id, scores out of range (with the range and the task).
+        OverrideError: one line naming every bad id: ids that are no trajectory id, scores out of range (with
+            the range and the task).
     """
-    mine = {i: o for i, o in overrides.items() if not o.task or o.task == task}
-    orchestrator = sorted(i for i in mine if i.startswith("oe-"))
-    malformed = sorted(i for i in mine if not _ID.match(i) and not i.startswith("oe-"))
+    mine = {
+        i: o for i, o in overrides.items() if (not o.task or o.task == task) and not i.startswith("oe-")
+    }  # orchestrator episodes are train_orchestrator's (check_for_orchestrator)
+    malformed = sorted(i for i in mine if not _ID.match(i))
     out_of_range = sorted(
         f"{i} ({o.score:g})" for i, o in mine.items() if _ID.match(i) and not 0.0 <= o.score <= max_reward
     )
     problems = []
-    if orchestrator:
-        problems.append(
-            "orchestrator episodes (train_orchestrator does not apply overrides): " + ", ".join(orchestrator)
-        )
     if malformed:
         problems.append("unknown ids (not ag- + 12 hex digits): " + ", ".join(malformed))
     if out_of_range:
         problems.append(
             f"scores out of range [0, {max_reward:g}] for task {task}: " + ", ".join(out_of_range)
+        )
+    if problems:
+        raise OverrideError("; ".join(problems))
+    return mine
+
+
+_OE_ID = re.compile(r"^oe-[0-9a-f]{12}$")
+
+
+def check_for_orchestrator(
+    overrides: Mapping[str, Override], low: float = 0.0, high: float = ORCHESTRATOR_MAX_REWARD
+) -> dict[str, Override]:
+    """The orchestrator-episode overrides (ids starting ``oe-``) ``train_orchestrator`` applies, checked before
+    any work: each id ``oe-`` + 12 hex digits, each score in ``[low, high]`` (the range of its task reward:
+    ``[0, 4]`` for the level reward, between ``failure_penalty`` and ``success_bonus`` for ``binary``).
+
+    Raises:
+        OverrideError: one line naming every malformed id and every score out of range.
+    """
+    mine = {i: o for i, o in overrides.items() if i.startswith("oe-")}
+    malformed = sorted(i for i in mine if not _OE_ID.match(i))
+    out_of_range = sorted(
+        f"{i} ({o.score:g})" for i, o in mine.items() if _OE_ID.match(i) and not low <= o.score <= high
+    )
+    problems = []
+    if malformed:
+        problems.append("unknown orchestrator ids (not oe- + 12 hex digits): " + ", ".join(malformed))
+    if out_of_range:
+        problems.append(
+            f"scores out of the orchestrator's task reward range [{low:g}, {high:g}]: "
+            + ", ".join(out_of_range)
         )
     if problems:
         raise OverrideError("; ".join(problems))

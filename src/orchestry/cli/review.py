@@ -40,10 +40,11 @@ def override(
     file: OverridesFile = Path("data/overrides.jsonl"),
     debug: Debug = False,
 ) -> None:
-    """Set a human reward for one API-GRPO trajectory or orchestrator episode (data/overrides.jsonl).
+    """Set a human reward for one API-GRPO trajectory or orchestrator training episode (data/overrides.jsonl).
 
-    The next `dvc repro` re-runs train_api_grpo: its behaviour library and reported rewards use the human score
-    (orchestry.overrides). An unknown id or a score out of range is refused (exit 2) and the file is unchanged.
+    The next `dvc repro` re-runs train_api_grpo (its behaviour library and reported rewards use the human score)
+    and train_orchestrator (the episode's task reward is the score; orchestry.overrides). An unknown id, an
+    orchestrator evaluation episode or a score out of range is refused (exit 2) and the file is unchanged.
     """
     from orchestry.overrides import OverrideError, set_override
 

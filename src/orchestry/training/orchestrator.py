@@ -32,7 +32,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,11 +41,13 @@ import torch
 from orchestry.algorithms.orchestrator import (
     OrchestratorPolicy,
     Reinforce,
+    step_rewards,
 )
 from orchestry.analysis.metrics import mean_ci
 from orchestry.llm.backends import BackendConfigError, make_backend
 from orchestry.llm.cache import CachedChat, ResponseCache
 from orchestry.llm.cost import BudgetExceeded, require_price
+from orchestry.overrides import ORCHESTRATOR_MAX_REWARD, Override, apply_override, orchestrator_episode_id
 from orchestry.problems import Problem
 from orchestry.progress import progress_bar
 from orchestry.runtime import check_writable
@@ -120,6 +122,39 @@ def open_clients(
     return Clients(CachedChat(backend, cache, tracker), tracker, cache, cfg.max_tokens, temperature, top_p)
 
 
+# ---- human overrides -------------------------------------------------------------------------------------------
+def task_reward_range(cfg: TrainOrchestratorParams) -> tuple[float, float]:
+    """The range of the orchestrator's task reward r: ``[0, 4]`` (the level reward) or, for ``binary``, between
+    ``failure_penalty`` and ``success_bonus``; a human override must lie in it."""
+    if cfg.task_reward == "binary":
+        return min(cfg.failure_penalty, cfg.success_bonus), max(cfg.failure_penalty, cfg.success_bonus)
+    return 0.0, ORCHESTRATOR_MAX_REWARD
+
+
+def episode_id(e: Episode, phase: str) -> str:
+    """The id ``orchestry override`` and ``review`` give the episode (its ``transcripts.jsonl`` record's)."""
+    return orchestrator_episode_id(
+        {"phase": phase, **e.row(0.0), "steps": [s.to_dict() for s in e.state.steps]}
+    )
+
+
+def apply_episode_override(e: Episode, o: Override, task_reward: str, cost_lambda: float) -> None:
+    """The human score ``o.score`` as the episode's task reward r: its step rewards (and its trajectory's, for
+    the update) are recomputed from r and the step costs; the level reward's ``total`` becomes the score for
+    ``task_reward: level`` (the automatic one kept as ``automatic_total``), and the override is recorded."""
+    from orchestry.training.orchestrator_env import TERMINATE
+
+    costs = [st.cost for st in e.state.steps if st.agent != TERMINATE]
+    e.task_reward = o.score
+    e.rewards = step_rewards(costs, o.score, cost_lambda)
+    if e.trajectory is not None:
+        e.trajectory.rewards = e.rewards
+    if task_reward == "level":
+        e.reward = apply_override(e.reward, o)
+    else:
+        e.reward = {**e.reward, "override": apply_override({}, o)["override"]}
+
+
 # ---- the run ---------------------------------------------------------------------------------------------------
 class OrchestratorRun:
     """One training + evaluation run (see the module docstring); :meth:`run` returns the summary dict.
@@ -130,6 +165,8 @@ class OrchestratorRun:
         out_dir: reports folder. policy_dir: where ``policy.pt`` + ``policy.json`` go.
         on_metrics: ``(metrics, step)`` callback (MLflow in the stage). progress: show progress bars.
         confidence / n_boot: bootstrap interval level and resamples.
+        overrides: human scores of training episodes by ``oe-`` id (checked with
+            :func:`orchestry.overrides.check_for_orchestrator`); an overridden episode's task reward is the score.
     """
 
     def __init__(
@@ -146,6 +183,7 @@ class OrchestratorRun:
         progress: bool = True,
         confidence: float = 0.95,
         n_boot: int = 1000,
+        overrides: Mapping[str, Override] | None = None,
     ):
         if not train_problems:
             raise ValueError("train_orchestrator needs at least one train problem")
@@ -180,6 +218,8 @@ class OrchestratorRun:
         self.stop_reason = ""
         self.eval_status = "not run"
         self.seconds: dict[str, float] = {}
+        self.overrides = dict(overrides or {})
+        self.overridden: list[str] = []  # ids of the training episodes whose task reward a person set
 
     # -- training --
     def train(self) -> None:
@@ -197,9 +237,14 @@ class OrchestratorRun:
                 self.stop_reason = f"training stopped by the budget after {done} episodes: {e}"
                 log.warning(self.stop_reason)
                 break
-            stats = self.learner.update([e.trajectory for e in eps if e.trajectory is not None])
-            for j, e in enumerate(eps):
+            for j, e in enumerate(eps):  # the ids (and so the overrides) need the episode number
                 e.meta.update(episode=done + j, update=u)
+                o = self.overrides.get(episode_id(e, "train")) if self.overrides else None
+                if o is not None:
+                    apply_episode_override(e, o, cfg.task_reward, cfg.cost_lambda)
+                    self.overridden.append(o.id)
+            stats = self.learner.update([e.trajectory for e in eps if e.trajectory is not None])
+            for e in eps:
                 self.train_episodes.append(e)
                 self._log_episode(e)
             done += k
@@ -359,8 +404,21 @@ class OrchestratorRun:
                 "budget_scope": self.c.tracker.scope,
             },
             "cache": {"hit_rate": total["cache_hit_rate"], "entries": len(self.c.cache)},
+            "overrides": self.override_counts(),
             "sandbox_programs": self.env.scorer.runs,
             "seconds": self.seconds,
+        }
+
+    def override_counts(self) -> dict:
+        """Overrides read, applied (a training episode of this run had the id) and unknown (no training episode
+        of this run had it: another run's episode, or one after an earlier override changed the policy)."""
+        unknown = sorted(set(self.overrides) - set(self.overridden))
+        return {
+            "read": len(self.overrides),
+            "applied": len(self.overridden),
+            "applied_ids": list(self.overridden),
+            "unknown": len(unknown),
+            "unknown_ids": unknown,
         }
 
     def write_outputs(self) -> dict:
@@ -419,8 +477,10 @@ def run_orchestrator(
     progress: bool = True,
     confidence: float = 0.95,
     n_boot: int = 1000,
+    overrides: Mapping[str, Override] | None = None,
 ) -> dict:
-    """Open the clients (all checks first), the encoder and the sandbox, then train and evaluate.
+    """Open the clients (all checks first), the encoder and the sandbox, then train and evaluate (``overrides``:
+    human task rewards of training episodes by ``oe-`` id, see :class:`OrchestratorRun`).
 
     Returns:
         The summary dict (also written to ``out_dir/summary.json``).
@@ -443,7 +503,7 @@ def run_orchestrator(
         with sandbox_factory() as sandbox:
             run = OrchestratorRun(
                 cfg, clients, train_problems, test_problems, sandbox, encoder, out_dir, policy_dir,
-                on_metrics, progress, confidence, n_boot,
+                on_metrics, progress, confidence, n_boot, overrides,
             )  # fmt: skip
             summary = run.run()
     finally:
