@@ -52,8 +52,9 @@ def test_dvc_repro_micro_pipeline(tmp_path):
         assert (repo / out).exists(), f"missing output {out}"
     prep = json.loads((repo / "reports/prepare.json").read_text())
     # generated problems (48 train, 8 val, 32 test) + HumanEval's test split (31) as the transfer set
-    assert prep["canonical_passed"] == prep["canonical_checked"] == 48 + 8 + 32 + 31
-    assert prep["transfer_sizes"] == {"humaneval": 31}
+    # train: 48 compositional + 48 beginner; transfer: HumanEval's 31 test problems + three external sets of 40
+    assert prep["canonical_passed"] == prep["canonical_checked"] == 96 + 8 + 32 + 31 + 3 * 40
+    assert prep["transfer_sizes"] == {"humaneval": 31, "easy40": 40, "mbpp_easy": 40, "others_a": 40}
     metrics = json.loads((repo / "reports/metrics.json").read_text())
     assert {"base", "magrpo", "baseline_single", "baseline_concat"} <= set(metrics["methods"])
     assert metrics["methods"]["magrpo"]["n_samples"] == 4  # 2 problems x 2 samples

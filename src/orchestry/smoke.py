@@ -36,6 +36,7 @@ COPY = (
     "data/overrides.jsonl",
     "data/tasks",
     "data/behaviors",
+    "data/external",  # prepare.transfer's problem sets written outside the generator
 )
 
 #: Micro overrides of ``params.yaml``: every stage runs, on 1-2 problems with short completions.
