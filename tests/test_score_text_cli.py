@@ -129,7 +129,12 @@ def test_bad_input_is_one_line_exit_2(tmp_path, task, spec, answer, message):
     if answer is None:
         a = tmp_path / "missing.txt"
     spec = str(s) if spec == "SPEC" else str(tmp_path / "missing.json") if spec == "MISSING" else spec
-    r = _run(tmp_path, "--task", task, "--spec", spec, "--answer", str(a))
+    extra: list[str] = []
+    if task == "documentation":  # a fresh clone has no data/problems: name a problem file that exists
+        problems = tmp_path / "p.jsonl"
+        problems.write_text(json.dumps(DOC_PROBLEM) + "\n", encoding="utf-8")
+        extra = ["--problems", str(problems)]
+    r = _run(tmp_path, "--task", task, "--spec", spec, "--answer", str(a), *extra)
     assert r.exit_code == 2, r.output
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.output
