@@ -16,7 +16,11 @@ GPU when ``pynvml`` is installed) every :data:`SYSTEM_METRICS_INTERVAL_S` second
 ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` when set).
 
 A stage run ends FINISHED, FAILED (an exception) or KILLED (SIGTERM, e.g. from ``dvc exp`` or a job scheduler,
-or Ctrl-C): it never stays RUNNING after its process is gone.
+or Ctrl-C). A process that cannot end its run (SIGKILL, the OOM killer, a power cut) leaves it RUNNING; every run
+records its process (tags ``orchestry.process.*``: pid, host, start time) and the next stage that starts, of this
+execution or another, ends KILLED each RUNNING run of the experiment whose process on this host is certainly gone,
+with the tag ``orchestry.stale`` saying who found it and why (:func:`mark_stale_runs`). Runs of other hosts are
+left as they are.
 
 What a user sees (``orchestry ui``): every run carries the tags ``stage`` (stage runs), ``pipeline_execution`` (the
 16-hex key of its execution), ``dvc_experiment``, ``git_revision`` and ``params_hash``; the ``plot`` stage copies
@@ -176,12 +180,16 @@ def execution_key(execution: Mapping[str, str]) -> str:
     return hashlib.sha256(json.dumps(dict(execution), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def parent_run_id(experiment_id: str, execution: Mapping[str, str]) -> str:
+def parent_run_id(experiment_id: str, execution: Mapping[str, str], claim_for: str | None = None) -> str:
     """Id of the parent run of ``execution`` (:func:`pipeline_execution`) in ``experiment_id``; created (tagged,
     with the flattened ``params.yaml`` as params) when it does not exist yet. A file lock in
-    ``<root>/.orchestry`` makes find-or-create atomic across the processes of parallel stages."""
+    ``<root>/.orchestry`` makes find-or-create atomic across the processes of parallel stages.
+
+    With ``claim_for`` (the stage about to run, :func:`stage_run`), under the same lock: the parent gets this
+    process's :func:`process_tags` and is marked RUNNING, then the stale runs of the experiment are marked KILLED
+    (:func:`mark_stale_runs`; never this parent)."""
     from filelock import FileLock
-    from mlflow.entities import Param
+    from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
@@ -197,16 +205,150 @@ def parent_run_id(experiment_id: str, execution: Mapping[str, str]) -> str:
         )
         # stage runs carry the key too: the parent is the run without a parent
         parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+        old_tags: Mapping[str, str] = {}
         if parents:
-            return parents[0].info.run_id
-        exp_name = execution.get("dvc_experiment")
-        # a plain `dvc repro` is "workspace", as in `orchestry compare`
-        name = exp_name or f"workspace {execution['git_revision'][:8]} {execution['params_hash'][:8]}"
-        run = client.create_run(experiment_id, run_name=name, tags={**execution, "pipeline_execution": key})
-        params = [Param(k, v) for k, v in _pipeline_params().items()]
-        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            client.log_batch(run.info.run_id, params=params[i : i + 100])
-        return run.info.run_id
+            run_id, old_tags = parents[0].info.run_id, parents[0].data.tags
+        else:
+            exp_name = execution.get("dvc_experiment")
+            # a plain `dvc repro` is "workspace", as in `orchestry compare`
+            name = exp_name or f"workspace {execution['git_revision'][:8]} {execution['params_hash'][:8]}"
+            run = client.create_run(
+                experiment_id, run_name=name, tags={**execution, "pipeline_execution": key}
+            )
+            run_id = run.info.run_id
+            params = [Param(k, v) for k, v in _pipeline_params().items()]
+            for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+                client.log_batch(run_id, params=params[i : i + 100])
+        if claim_for is not None:
+            # the tags first: a RUNNING parent always names a live process while a stage of it runs
+            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in process_tags().items()])
+            if STALE_TAG in old_tags:  # an execution resumed after its process was killed: running again
+                client.delete_tag(run_id, STALE_TAG)
+            client.update_run(run_id, status="RUNNING")
+            mark_stale_runs(client, experiment_id, by=claim_for, keep={run_id})
+        return run_id
+
+
+# ---------------------------------------------------------------- runs whose process died (SIGKILL, OOM, power)
+
+#: Tags of every run :func:`stage_run` opens, and of a parent run each time a stage marks it RUNNING: the process
+#: that holds the run RUNNING (:func:`process_tags`).
+PID_TAG = "orchestry.process.pid"
+HOST_TAG = "orchestry.process.host"
+START_TAG = "orchestry.process.start_time"
+PID_NAMESPACE_TAG = "orchestry.process.pid_namespace"
+#: Tag of a run :func:`mark_stale_runs` ended KILLED: who did it, and why.
+STALE_TAG = "orchestry.stale"
+
+
+def _pid_namespace() -> str | None:
+    """This process's PID namespace (``pid:[4026531836]`` on Linux; ``None`` elsewhere): two containers may share
+    a host name and a store, not their PIDs."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def process_tags() -> dict[str, str]:
+    """:data:`PID_TAG`, :data:`HOST_TAG`, :data:`START_TAG` (the process's start time, seconds since the epoch:
+    tells a reused PID from the process that held the run) and, on Linux, :data:`PID_NAMESPACE_TAG` of this
+    process."""
+    import socket
+
+    import psutil
+
+    tags = {
+        PID_TAG: str(os.getpid()),
+        HOST_TAG: socket.gethostname(),
+        START_TAG: repr(psutil.Process().create_time()),
+    }
+    ns = _pid_namespace()
+    if ns:
+        tags[PID_NAMESPACE_TAG] = ns
+    return tags
+
+
+def process_gone(pid: int, start_time: float | None) -> str | None:
+    """Why process ``pid`` of this machine, started at ``start_time`` (:func:`process_tags`; ``None``: unknown), is
+    certainly gone: no such process, a zombie, or the PID now belongs to a process started at another time;
+    ``None`` when it may be alive (it is, or it cannot be told)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return f"process {pid} exited (a zombie)"
+        created = proc.create_time()
+    except psutil.NoSuchProcess:
+        return f"process {pid} no longer alive"
+    except psutil.Error:  # e.g. AccessDenied: it exists, its owner is another user
+        return None
+    if start_time is not None and abs(created - start_time) > 0.01:
+        return f"process {pid} no longer alive (the pid now belongs to a process started at {created:.2f})"
+    return None
+
+
+def mark_stale_runs(
+    client: Any, experiment_id: str, by: str, keep: set[str] | frozenset = frozenset()
+) -> list[str]:
+    """End KILLED every RUNNING run of ``experiment_id`` whose process is certainly gone: its :func:`process_tags`
+    name this host (and PID namespace) and :func:`process_gone` says so, and (a parent run) no child of it is
+    still RUNNING. The run gets an end time (now) and :data:`STALE_TAG` = ``marked KILLED by <by> (pid <pid> on
+    <host>): process <pid> on <host> no longer alive``. Runs of other hosts, runs without the tags (opened before
+    they existed, or not by :func:`stage_run`) and runs in ``keep`` are left as they are; a failure is logged,
+    never raised (the stage that starts matters more).
+
+    Args:
+        client: an ``mlflow.MlflowClient`` of the store.
+        by: who marks them (the stage that starts), for the tag.
+        keep: run ids never to mark (the parent this process has just marked RUNNING).
+
+    Returns:
+        the ids of the runs marked KILLED.
+    """
+    try:
+        me = process_tags()
+        host, ns = me[HOST_TAG], me.get(PID_NAMESPACE_TAG)
+        running = client.search_runs(
+            [experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=50000
+        )
+        # stage runs first: a parent is stale only once none of its children is RUNNING
+        running.sort(key=lambda r: "mlflow.parentRunId" not in r.data.tags)
+        killed: list[str] = []
+        elsewhere = 0
+        for r in running:
+            tags, run_id = r.data.tags, r.info.run_id
+            if run_id in keep or PID_TAG not in tags:
+                continue
+            if tags.get(HOST_TAG) != host or (ns and tags.get(PID_NAMESPACE_TAG, ns) != ns):
+                elsewhere += 1
+                continue
+            if any(
+                c.data.tags.get("mlflow.parentRunId") == run_id and c.info.run_id not in killed
+                for c in running
+            ):
+                continue
+            try:
+                start = float(tags[START_TAG]) if START_TAG in tags else None
+                why = process_gone(int(tags[PID_TAG]), start)
+            except ValueError:
+                continue
+            if why is None:
+                continue
+            reason = f"marked KILLED by {by} (pid {me[PID_TAG]} on {host}): {why} on {host}"
+            client.set_tag(run_id, STALE_TAG, reason)
+            client.set_terminated(run_id, status="KILLED")
+            log.warning("MLflow run %s (%s) was RUNNING: %s", run_id, tags.get("stage", "pipeline"), reason)
+            killed.append(run_id)
+        if elsewhere:
+            log.info(
+                "%d RUNNING MLflow run(s) of other hosts left as they are (no process to check)", elsewhere
+            )
+        return killed
+    except Exception as e:  # noqa: BLE001
+        log.warning("could not look for stale MLflow runs (%s: %s)", type(e).__name__, e)
+        return []
 
 
 @contextlib.contextmanager
@@ -243,13 +385,12 @@ def stage_run(
     client = mlflow.MlflowClient()
     experiment_id = mlflow.get_experiment_by_name(experiment).experiment_id
     set_runs_view(client, experiment_id)
-    parent_id = parent_run_id(experiment_id, execution)
-    client.update_run(parent_id, status="RUNNING")
+    parent_id = parent_run_id(experiment_id, execution, claim_for=stage)  # RUNNING; stale runs marked KILLED
     from orchestry.numerics import machine_info
     from orchestry.tracking.metric_names import VOCABULARY_TAG, VOCABULARY_VERSION
 
     tags = {**execution, "pipeline_execution": execution_key(execution), "stage": stage,
-            "mlflow.parentRunId": parent_id, VOCABULARY_TAG: VOCABULARY_VERSION,
+            "mlflow.parentRunId": parent_id, VOCABULARY_TAG: VOCABULARY_VERSION, **process_tags(),
             **{f"machine.{k}": str(v) for k, v in machine_info().items()}}  # fmt: skip
     t0 = time.time()
     if not os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"):  # MLflow's own setting wins
