@@ -184,10 +184,12 @@ def test_two_processes_resume_after_a_kill_and_match_one_process(repo, tmp_path)
     assert moved > 1e-3  # the warm start and the updates trained the adapters
     assert diff <= 1e-5, diff
 
-    # the main process alone logged and wrote the outputs, the whole run's: the killed run (left RUNNING) and the
-    # resumed one, no run of the second process; every process's samples, as one process has them
+    # the main process alone logged and wrote the outputs, the whole run's: the killed run (left RUNNING by SIGKILL,
+    # marked KILLED when the resumed stage started) and the resumed one, no run of the second process; every
+    # process's samples, as one process has them
     runs = _stage_runs(two)
-    assert sorted(r.info.status for r in runs) == ["FINISHED", "RUNNING"]
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"]
+    assert all(("orchestry.stale" in r.data.tags) == (r.info.status == "KILLED") for r in runs)
     assert all(r.data.params["num_processes"] == "2" for r in runs)
     s1 = [json.loads(line) for line in (one / "reports/train/magrpo_samples.jsonl").open()]
     s2 = [json.loads(line) for line in (two / "reports/train/magrpo_samples.jsonl").open()]
