@@ -13,14 +13,15 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestry.cli import app
-from orchestry.reporting.experiments import collect, seed_table
+from orchestry.reporting.experiments import collect, parse_exp_show, seed_table
 
 DVC = shutil.which("dvc") or str(Path(sys.executable).with_name("dvc"))
 
 STAGE = (
     "import yaml, json; s = yaml.safe_load(open('params.yaml'))['train_magrpo']['seed']; "
-    "json.dump({'methods': {'magrpo': {'reward': 1 + s / 10}, 'base': {'reward': 0.5}}}, open('m.json', 'w'))"
-)
+    "json.dump({'methods': {'magrpo': {'reward': 1 + s / 10}, 'base': {'reward': 0.5}}}, open('m.json', 'w')); "
+    "json.dump({'diff': s / 100, 'text': 'no metric'}, open('o.json', 'w'))"
+)  # o.json: a summary that is a plain output (like reports/metrics.json), not a DVC metric
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def repo(tmp_path_factory):
     (d / "params.yaml").write_text("train_magrpo:\n  seed: 0\n")
     (d / "dvc.yaml").write_text(
         "stages:\n  s:\n    cmd: " + json.dumps(f'{sys.executable} -c "{STAGE}"') + "\n"
-        "    params: [train_magrpo.seed]\n    metrics: [m.json: {cache: false}]\n"
+        "    params: [train_magrpo.seed]\n    metrics: [m.json: {cache: false}]\n    outs: [o.json: {cache: false}]\n"
     )
     run("git", "add", "-A")
     run("git", "commit", "-qm", "init")
@@ -58,6 +59,21 @@ def test_seed_table_from_real_experiments(repo):
     assert bool(row["excludes_zero"])
     with pytest.raises(KeyError, match="no metric column"):
         seed_table(df, "param:params.yaml:train_magrpo.seed", ["metric:m.json:nope"])
+
+
+def test_summaries_that_are_plain_outputs_are_read_from_each_experiments_commit(repo):
+    """Only reports/key_metrics.json is a DVC metric (dvc exp show stays readable): `orchestry seeds` reads the
+    other summaries (reports/metrics.json, ...) from each experiment's commit."""
+    df = collect(repo, DVC, outputs=["o.json"])
+    assert "metric:o.json:diff" not in parse_exp_show(json.loads(_exp_show_json(repo)))  # not a DVC metric
+    per_seed, _ = seed_table(df, "param:params.yaml:train_magrpo.seed", ["metric:o.json:diff"], resamples=100)
+    assert per_seed["metric:o.json:diff"].round(6).tolist() == [0.01, 0.02, 0.03]
+    assert set(df["metric:o.json:text"].dropna()) == {"no metric"}
+
+
+def _exp_show_json(repo) -> str:
+    return subprocess.run([DVC, "exp", "show", "--json", "--all-commits"], cwd=repo, check=True,
+                          capture_output=True, text=True).stdout  # fmt: skip
 
 
 def test_cli_seeds_prints_the_table_and_fails_in_one_line(repo):

@@ -6,7 +6,8 @@ direction), the searched params keys with their ranges, params fixed for every t
 ...`` in the repository, so each trial is an ordinary DVC experiment (reproducible, listed by ``dvc exp show``,
 ``dvc exp apply``-able), whose stage runs land in MLflow tagged ``optuna_study`` and ``optuna_trial`` (the
 stages read :data:`orchestry.tracking.runs.TUNE_STUDY_ENV` / :data:`~orchestry.tracking.runs.TUNE_TRIAL_ENV`); the
-objective is read back from the experiment's ``reports/metrics.json`` through ``dvc exp show --json``.
+objective is read back from the experiment's ``reports/metrics.json``: its commit, named by ``dvc exp show --json``
+(the file is a plain output, not a DVC metric, so that ``dvc exp show`` stays readable).
 
 The study lives in an Optuna storage: by default ``sqlite:///<repo>/.orchestry/optuna.db`` (git-ignored, outside
 DVC's outputs), or any database URL Optuna's RDB storage takes (``postgresql://...``, ``mysql+pymysql://...``), so
@@ -393,11 +394,14 @@ def _lookup(data: Mapping, dotted: str) -> Any:
 
 
 def experiment_metric(repo: Path, name: str, objective: str, env: Mapping[str, str]) -> float:
-    """The objective of experiment ``name`` from ``dvc exp show --json``.
+    """The objective of experiment ``name``: its ``reports/metrics.json`` (in ``dvc exp show --json`` if it is a
+    DVC metric, else in the experiment's commit that ``dvc exp show --json`` names).
 
     Raises:
         TrialFailed: the experiment is not listed, or its metrics file lacks the objective.
     """
+    from orchestry.reporting.experiments import output_at
+
     cp = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=repo, env=dict(env),
                         capture_output=True, text=True, check=False)  # fmt: skip
     if cp.returncode != 0:
@@ -408,7 +412,8 @@ def experiment_metric(repo: Path, name: str, objective: str, env: Mapping[str, s
                 if rev.get("name") != name:
                     continue
                 metrics = ((rev.get("data") or {}).get("metrics") or {}).get(METRICS_FILE) or {}
-                value = _lookup(metrics.get("data") or {}, objective)
+                data = metrics.get("data") or output_at(repo, rev.get("rev"), METRICS_FILE, dict(env)) or {}
+                value = _lookup(data, objective)
                 if isinstance(value, Mapping):  # a {mean, ci_low, ci_high} value
                     value = value.get("mean")
                 if isinstance(value, bool) or not isinstance(value, int | float):

@@ -1,8 +1,9 @@
 """DVC experiments gathered into one table: per-seed values of a metric and an interval over seeds.
 
 ``dvc exp run --queue -S train_magrpo.seed=1 ...`` then ``dvc exp run --run-all`` leaves one experiment per
-seed; :func:`collect` reads them from ``dvc exp show --json`` (the real DVC output, no private API) and
-:func:`seed_table` aggregates one metric over them: mean over seeds with a percentile bootstrap interval over
+seed; :func:`collect` reads them from ``dvc exp show --json`` (the real DVC output, no private API), plus the
+summaries that are plain outputs, not DVC metrics (``reports/metrics.json``, ...), from each revision's git commit,
+and :func:`seed_table` aggregates one metric over them: mean over seeds with a percentile bootstrap interval over
 seeds (the seeds are the resampled unit; with 3 seeds the interval is coarse and says so by its width).
 """
 
@@ -50,8 +51,48 @@ def parse_exp_show(payload: list) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def collect(repo: str | Path = ".", dvc: str = "dvc") -> pd.DataFrame:
-    """Run ``dvc exp show --json --all-commits`` in ``repo`` and parse it (see :func:`parse_exp_show`).
+#: Summaries that are ``cache: false`` outputs, not DVC metrics (only ``reports/key_metrics.json`` is, so that
+#: ``dvc exp show`` stays readable): git commits them with each experiment, :func:`collect` reads them from there.
+SUMMARIES = ("reports/metrics.json", "reports/train/magrpo.json")
+
+
+def output_at(repo: str | Path, rev: str | None, path: str, env: dict | None = None) -> dict | None:
+    """The JSON file ``path`` of revision ``rev`` of ``repo`` (a commit or an experiment's commit, as ``dvc exp
+    show --json`` names it; ``workspace`` or ``None``: the file on disk); ``None`` when it is absent or not a
+    JSON object."""
+    if rev in (None, "workspace"):
+        f = Path(repo) / path
+        text = f.read_text() if f.is_file() else None
+    else:
+        cp = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=repo, env=env, capture_output=True, text=True,
+                            check=False)  # fmt: skip
+        text = cp.stdout if cp.returncode == 0 else None
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def with_outputs(
+    payload: list, repo: str | Path, files: Sequence[str] = SUMMARIES, env: dict | None = None
+) -> list:
+    """``payload`` (``dvc exp show --json``) with each of ``files`` that a finished revision lacks among its
+    metrics read from that revision's commit (:func:`output_at`), so :func:`parse_exp_show` makes ``metric:``
+    columns of them as of the DVC metrics. Changes ``payload`` in place and returns it."""
+    for node in _runs(payload):
+        metrics = node["data"].get("metrics")
+        if not isinstance(metrics, dict):
+            metrics = node["data"]["metrics"] = {}
+        for path in files:
+            if path not in metrics and (data := output_at(repo, node.get("rev"), path, env)) is not None:
+                metrics[path] = {"data": data}
+    return payload
+
+
+def collect(repo: str | Path = ".", dvc: str = "dvc", outputs: Sequence[str] = SUMMARIES) -> pd.DataFrame:
+    """Run ``dvc exp show --json --all-commits`` in ``repo`` and parse it (see :func:`parse_exp_show`), with the
+    JSON ``outputs`` of each revision that are not DVC metrics (:func:`with_outputs`).
 
     Raises:
         RuntimeError: DVC failed (message is DVC's stderr).
@@ -61,7 +102,7 @@ def collect(repo: str | Path = ".", dvc: str = "dvc") -> pd.DataFrame:
     )
     if cp.returncode != 0:
         raise RuntimeError(f"dvc exp show failed: {cp.stderr.strip()[:500]}")
-    return parse_exp_show(json.loads(cp.stdout))
+    return parse_exp_show(with_outputs(json.loads(cp.stdout), repo, outputs))
 
 
 def _is_missing(value: object) -> bool:
