@@ -35,7 +35,7 @@ from orchestry.tracking.runs import log_metrics, stage_run
 from orchestry.training.magrpo import WORKFLOW_AGENTS
 
 ADAPTERS = Path("models/adapters/magrpo")
-#: Each method's pass@1, reward and cooperation rate: the first DVC metrics file, so `dvc exp show` leads with them.
+#: pass@1, base@1 (the base pair's), reward, coop, <set>@1 per transfer set: the only DVC metrics file.
 KEY_METRICS = Path("reports/key_metrics.json")
 log = logging.getLogger("evaluate")
 
@@ -185,7 +185,7 @@ def main() -> None:
         write_json("reports/metrics.json", report)
         mlflow.log_artifact("reports/metrics.json")
         # in key order, not sorted: DVC shows a metrics file's keys in file order
-        KEY_METRICS.write_text(json.dumps(key_metrics(methods), indent=2) + "\n")
+        KEY_METRICS.write_text(json.dumps(key_metrics(report), indent=2) + "\n")
         for name, m in methods.items():
             print(f"{name:22s} reward {m.get('reward', 0):.3f}  pass@1 {m.get('pass@1', 0):.3f}  "
                   f"coop {m.get('cooperation_rate', 0):.3f}")  # fmt: skip

@@ -414,64 +414,177 @@ def test_each_plot_and_metric_is_declared_once_and_every_table_or_figure_is_a_pl
     assert "reports/api_grpo/rewards.csv" in plots
 
 
-# ---------------------------------------------------------------- dvc exp show: the compared figures first
+# ---------------------------------------------------------------- dvc exp show: a few numbers, readable
+
+#: README's command: the params that differ between rows and the key figures (kept even when no row differs); no
+#: Created column, no deps columns (paths: their md5 is text).
+EXP_SHOW_ARGS = ["--only-changed", "--drop", "Created|.*/", "--keep", "[^.]*(@1|reward|coop)$"]
+#: Every summary a stage writes: plain outputs (``cache: false``), never DVC metrics (text, ~1,000 columns).
+SUMMARIES = [
+    "reports/metrics.json",
+    "reports/train/magrpo.json",
+    "reports/orchestrator/summary.json",
+    "reports/schemes.json",
+    "reports/prepare.json",
+    "reports/baselines.json",
+    "reports/eval_base.json",
+    "reports/api_grpo/summary.json",
+]
 
 
-def test_the_key_figures_are_the_only_stage_metric_and_the_other_metrics_are_stage_outputs():
+def _metrics_files(spec: dict) -> list[str]:
+    files = _entries(spec.get("metrics"))
+    for stage in spec["stages"].values():
+        files += _entries(stage.get("metrics"))
+    return files
+
+
+def test_the_key_figures_are_the_only_metric_and_every_summary_a_plain_output():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    stage_metrics = {n: _entries(s.get("metrics")) for n, s in spec["stages"].items() if s.get("metrics")}
-    assert stage_metrics == {"evaluate": ["reports/key_metrics.json"]}
-    outs = {f for s in spec["stages"].values() for f in _entries(s.get("outs"))}
-    top = _entries(spec.get("metrics"))
-    assert top[0] == "reports/metrics.json" and set(top) <= outs  # orchestry tune reads metrics.json
-    assert "reports/prepare.json" in outs and "reports/prepare.json" not in top  # bookkeeping: no metric
+    assert _metrics_files(spec) == ["reports/key_metrics.json"]
+    assert _entries(spec["stages"]["evaluate"].get("metrics")) == ["reports/key_metrics.json"]
+    outs = {f: s for s in spec["stages"].values() for f in _entries(s.get("outs"))}
+    # committed with each experiment (cache: false): orchestry tune and orchestry seeds read them from git
+    for f in SUMMARIES:
+        assert f in outs, f"{f} is not a stage output"
+        (entry,) = [
+            o for s in spec["stages"].values() for o in s.get("outs") or [] if isinstance(o, dict) and f in o
+        ]
+        assert entry[f].get("cache") is False, f"{f}: cache: false (git keeps it with each experiment)"
 
 
-def test_the_committed_key_figures_are_those_of_the_committed_metrics():
+def test_the_committed_key_figures_are_few_numbers_from_the_committed_metrics():
     import json
 
     from orchestry.analysis.metrics import KEY_METRICS, key_metrics
 
     metrics = json.loads((ROOT / "reports/metrics.json").read_text())
     key = json.loads((ROOT / "reports/key_metrics.json").read_text())
-    assert key == key_metrics(metrics["methods"])
-    assert list(key)[:2] == ["magrpo", "base"] and all(list(v) == list(KEY_METRICS) for v in key.values())
+    assert key == key_metrics(metrics)
+    assert list(key)[:4] == [c for c, _, _ in KEY_METRICS] == ["pass@1", "base@1", "reward", "coop"]
+    assert list(key)[4:] == [f"{name}@1" for name in metrics["transfer"]]
+    assert key["base@1"] == metrics["methods"]["base"]["pass@1"]
+    assert key["coop"] == metrics["methods"]["magrpo"]["cooperation_rate"]
+    assert all(isinstance(v, int | float) and not isinstance(v, bool) for v in key.values())
+    assert all("." not in k for k in key) and len(key) <= 8
 
 
-def test_dvc_exp_show_leads_with_each_methods_pass_at_1_reward_and_cooperation(tmp_path):
-    """In a git + DVC copy of dvc.yaml, params.yaml and the committed metrics files, the first metric columns of
-    ``dvc exp show`` are the key figures (before: prepare's ``asserts``, ``canonical_checked``, ...)."""
-    import json
-    import shutil
+def test_key_metrics_leaves_out_what_is_not_a_number():
+    from orchestry.analysis.metrics import key_metrics
+
+    report = {
+        "methods": {"magrpo": {"pass@1": 0.5, "reward": "high", "cooperation_rate": float("nan")},
+                    "base": {"pass@1": None, "reward": 0.1}},
+        "transfer": {"humaneval": {"methods": {"magrpo": {"pass@1": 0.25}}}, "beginner": "not run"},
+    }  # fmt: skip
+    assert key_metrics(report) == {"pass@1": 0.5, "humaneval@1": 0.25}
+    assert key_metrics({}) == {}
+
+
+def _git_dvc_repo(root: Path, repro: bool) -> dict:
+    """``git init``, ``dvc init``, ``dvc repro`` if ``repro``, and a first commit of what ``root`` holds; returns
+    the env of its commands."""
     import subprocess
 
     from orchestry.smoke import clean_env
 
-    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    files = _entries(spec.get("metrics")) + ["reports/key_metrics.json", "reports/prepare.json"]
-    for f in ["dvc.yaml", "params.yaml", *files]:
-        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / f, tmp_path / f)
     env = {**clean_env(), "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-    for cmd in (
-        ["git", "init", "-q"],
-        ["dvc", "init", "-q"],
-        ["git", "add", "-A"],
-        ["git", "commit", "-qm", "b"],
-    ):
-        subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True)
-    out = subprocess.run(["dvc", "exp", "show", "--csv"], cwd=tmp_path, env=env, check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
-    header = out.splitlines()[0].split(",")
-    fixed = ["Experiment", "rev", "typ", "Created", "parent"]
-    assert header[: len(fixed)] == fixed
+    steps = [["git", "init", "-q", "-b", "main"], ["dvc", "init", "-q"], *([["dvc", "repro", "-q"]] if repro else []),
+             ["git", "add", "-A"], ["git", "commit", "-qm", "b"]]  # fmt: skip
+    for cmd in steps:
+        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
+    return env
+
+
+def _out(cmd: list[str], root: Path, env: dict, columns: int = 120) -> str:
+    import subprocess
+
+    cp = subprocess.run(cmd, cwd=root, env={**env, "COLUMNS": str(columns)}, capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    return cp.stdout
+
+
+def test_the_real_dvc_yaml_declares_only_the_key_figures_as_metrics(tmp_path):
+    """A git + DVC copy of dvc.yaml, params.yaml and every committed summary (as after ``make repro``): ``dvc
+    metrics show`` has the key figures only, all numbers; ``dvc exp show --csv`` has them and then params and deps
+    (before: 1,170 columns, ``reports/metrics.json``'s text among them: ``api_grpo.cache.path``)."""
+    import json
+    import shutil
+
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    for f in ["dvc.yaml", "params.yaml", *_metrics_files(spec), *SUMMARIES]:
+        if (ROOT / f).is_file():
+            (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / f, tmp_path / f)
+    env = _git_dvc_repo(tmp_path, repro=False)
     key = json.loads((ROOT / "reports/key_metrics.json").read_text())
-    figures = [f"{method}.{name}" for method, v in key.items() for name in v]
-    assert header[len(fixed) : len(fixed) + len(figures)] == figures
-    assert header[len(fixed) : len(fixed) + 3] == [
-        "magrpo.pass@1",
-        "magrpo.reward",
-        "magrpo.cooperation_rate",
+
+    (files,) = [
+        rev["data"] for rev in json.loads(_out(["dvc", "metrics", "show", "--json"], tmp_path, env)).values()
     ]
-    assert not {"asserts", "canonical_checked", "model.bytes"} & set(header)  # prepare's bookkeeping
+    assert list(files) == ["reports/key_metrics.json"]
+    values = files["reports/key_metrics.json"]["data"]
+    assert values == key and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in values.values()
+    )
+    header = _out(["dvc", "exp", "show", "--csv"], tmp_path, env).splitlines()[0].split(",")
+    fixed = {"Experiment", "rev", "typ", "Created", "parent", "State", "Executor"}
+    columns = [c for c in header if c not in fixed]
+    assert columns[: len(key)] == list(key)
+    # then params (section.key) and deps (paths: README's command drops them), no other metric
+    assert all("." in c or "/" in c for c in columns[len(key) :])
+
+
+#: A stand-in for ``evaluate``: the committed key figures, pass@1 and reward moved by the learning rate.
+FAKE_EVALUATE = """
+import json, yaml
+lr = yaml.safe_load(open("params.yaml"))["train_magrpo"]["learning_rate"]
+key = json.load(open("key.json"))
+key.update({"pass@1": key["pass@1"] * (1 + lr), "reward": key["reward"] * (1 + lr)})
+json.dump(key, open("reports/key_metrics.json", "w"))
+"""
+
+
+def test_readme_exp_show_fits_the_experiments_key_figures_and_changed_param_in_80_to_120_columns(tmp_path):
+    """README's ``dvc exp show`` on two experiments of a learning-rate sweep (a stand-in evaluate stage with every
+    stage's params of dvc.yaml and the committed key figures): 120 columns hold the experiment, pass@1, base@1,
+    reward, coop, humaneval@1 and the changed param, nothing cut ("…"); 80 columns the experiment and the key
+    figures (before: only "…" cells at 220 columns)."""
+    import json
+    import shutil
+
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    params = sorted({_entries([p])[0] for s in spec["stages"].values() for p in s.get("params") or []})
+    stage = {"cmd": "python evaluate.py", "deps": ["evaluate.py", "key.json"], "params": params,
+             "metrics": [{"reports/key_metrics.json": {"cache": False}}]}  # fmt: skip
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"evaluate": stage}}, sort_keys=False))
+    (tmp_path / "evaluate.py").write_text(FAKE_EVALUATE)
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    shutil.copy(ROOT / "reports/key_metrics.json", tmp_path / "key.json")
+    (tmp_path / "reports").mkdir()
+    env = _git_dvc_repo(tmp_path, repro=True)
+    for lr in ("0.0003", "0.002"):
+        _out(
+            ["dvc", "exp", "run", "-q", "-n", f"lr-{lr}", "-S", f"train_magrpo.learning_rate={lr}"],
+            tmp_path,
+            env,
+        )
+    key = list(json.loads((ROOT / "reports/key_metrics.json").read_text()))
+    exp_show = ["dvc", "exp", "show", "--no-pager", *EXP_SHOW_ARGS]
+
+    table = _out(exp_show, tmp_path, env, columns=120)
+    lines = table.splitlines()
+    assert max(map(len, lines)) <= 120 and "…" not in table, table
+    assert lines[1].split() == ["Experiment", *key, "train_magrpo.learning_rate"], table
+    rows = [line.split() for line in lines[3:-1]]
+    assert [r[0] for r in rows[:2]] == ["workspace", "main"] and len(rows) == 4, table
+    assert {r[-1] for r in rows[2:]} == {"0.0003", "0.002"}, table  # each experiment's learning rate
+    narrow = _out(exp_show, tmp_path, env, columns=80)
+    assert max(map(len, narrow.splitlines())) <= 80, narrow
+    assert narrow.splitlines()[1].split()[: 1 + len(key)] == ["Experiment", *key], narrow
+
+
+def test_readme_shows_the_exp_show_command():
+    readme = (ROOT / "README.md").read_text()
+    assert "dvc exp show " + " ".join(shlex.quote(a) for a in EXP_SHOW_ARGS) in readme

@@ -211,28 +211,45 @@ def summarize(
     return out
 
 
-#: The figures of each method that users compare, in the order ``dvc exp show`` shows them (:func:`key_metrics`).
-KEY_METRICS = ("pass@1", "reward", "cooperation_rate")
+#: The figures users compare, ``(column, method, figure)`` of ``reports/metrics.json``'s ``methods``, in the order
+#: ``dvc exp show`` shows them (:func:`key_metrics`): ``pass@1`` the trained pair's, ``base@1`` the base pair's,
+#: on the test split; each transfer set adds ``<set>@1`` (the trained pair's pass@1 there). Few, with short flat
+#: names: the experiment and these fit an 80-column terminal, with the changed params a 120-column one (README,
+#: "Experiments"), and ``--keep '[^.]*(@1|reward|coop)$'`` keeps them when ``--only-changed`` would hide them
+#: (every params column has a dot).
+KEY_METRICS = (
+    ("pass@1", "magrpo", "pass@1"),
+    ("base@1", "base", "pass@1"),
+    ("reward", "magrpo", "reward"),
+    ("coop", "magrpo", "cooperation_rate"),
+)
 
 
-def key_metrics(methods: dict[str, dict]) -> dict[str, dict[str, float]]:
-    """The compared figures of each method (``reports/key_metrics.json``, the first DVC metrics file, so
-    ``dvc exp show`` leads with them): ``{method: {pass@1, reward, cooperation_rate}}`` from the ``methods`` of
-    ``reports/metrics.json`` (:func:`summarize` dicts), ``magrpo`` first, then ``base``, then the others in their
-    order; a figure that is missing or not a number is left out.
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+
+
+def key_metrics(report: dict) -> dict[str, float]:
+    """The figures users compare, from a ``reports/metrics.json`` report: ``reports/key_metrics.json``, the only
+    DVC metrics file, so ``dvc exp show`` lists these numbers and nothing else as metrics.
+
+    Flat ``{column: number}`` in :data:`KEY_METRICS`'s order (the trained pair's pass@1 on the test split, the base
+    pair's, the trained pair's mean reward and cooperation rate), then each transfer set's trained pass@1
+    (``<set>@1``, e.g. ``humaneval@1``). The other figures (each method's, the base pair's reward, intervals) stay in
+    ``reports/metrics.json``. A figure that is missing or not a number (``None``, NaN, text) is left out.
     """
-    first = [m for m in ("magrpo", "base") if m in methods]
-    order = first + [m for m in methods if m not in first]
-    out: dict[str, dict[str, float]] = {}
-    for name in order:
-        summary = methods[name] if isinstance(methods[name], dict) else {}
-        figures = {
-            k: summary[k]
-            for k in KEY_METRICS
-            if isinstance(summary.get(k), int | float) and not isinstance(summary.get(k), bool)
-        }
-        if figures:
-            out[name] = figures
+    out: dict[str, float] = {}
+
+    def add(column: str, methods: object, method: str, figure: str) -> None:
+        summary = methods.get(method) if isinstance(methods, dict) else None
+        value = summary.get(figure) if isinstance(summary, dict) else None
+        if _number(value):
+            out[column] = value
+
+    for column, method, figure in KEY_METRICS:
+        add(column, report.get("methods"), method, figure)
+    for name, extra in (report.get("transfer") or {}).items():
+        add(f"{name}@1", extra.get("methods") if isinstance(extra, dict) else None, "magrpo", "pass@1")
     return out
 
 
