@@ -100,8 +100,11 @@ def main() -> None:
                 resume_key=resume_key,
                 coach=coach,
             )
-            if main_process:  # auto resolved: True = bf16
+            if main_process:  # auto resolved: True = bf16; how (and the measurement it read, if any)
                 mlflow.log_param("train_magrpo.bf16_update_resolved", trainer.bf16)
+                mlflow.log_params(
+                    {f"train_magrpo.update_dtype.{k}": v for k, v in trainer.update_decision.items()}
+                )
             history = trainer.train()
         if not main_process:  # trained: the adapters are the main process's, and so are the outputs
             return
@@ -129,6 +132,7 @@ def main() -> None:
             completion_tokens=sum(r["tokens/completion"] for r in history),
             prompt_tokens=sum(r["tokens/prompt"] for r in history),
             update_dtype="bf16" if trainer.bf16 else "fp32",  # train_magrpo.bf16_update as resolved here
+            update_dtype_decision={k: v for k, v in trainer.update_decision.items() if k != "reason"},
             machine=machine_info(),
         )
         if trainer.warm_start:

@@ -1,10 +1,14 @@
 import os
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the update dtype measured by train_magrpo.bf16_update: auto (orchestry.numerics.recorded_update_dtype) is recorded
+# in a folder of this test session, never in the user's ~/.cache
+os.environ.setdefault("ORCHESTRY_CACHE_DIR", tempfile.mkdtemp(prefix="orchestry-test-cache-"))
 
 
 @pytest.fixture(scope="session")

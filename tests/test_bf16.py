@@ -4,6 +4,7 @@ and that the trainer resolves once and runs its update accordingly."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -20,6 +21,24 @@ from orchestry.rewards.code import LevelReward
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _record(folder: Path, choice: str, fp32_ms: float = 10.0, bf16_ms: float = 5.0) -> Path:
+    """Write this machine's recorded update-dtype measurement into ``folder`` (what a first run leaves)."""
+    path = folder / "update_dtype.json"
+    entry = {"fp32_ms": fp32_ms, "bf16_ms": bf16_ms, "choice": choice, "date": "2026-11-28"}
+    path.write_text(json.dumps({N.machine_key(): entry}), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def measured_bf16_faster(tmp_path, monkeypatch, one_thread) -> Path:
+    """This machine recorded as measured faster in bf16, in a folder of the test, so that ``auto`` follows the
+    hardware capability alone in the tests that set it (the measurement has tests of its own below)."""
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    monkeypatch.setenv(N.CACHE_DIR_ENV, str(folder))
+    return _record(folder, "bf16")
 
 
 # --- the resolver -----------------------------------------------------------------------------------------------
@@ -57,6 +76,58 @@ def test_true_on_emulated_bf16_warns_in_one_line(monkeypatch, caplog) -> None:
         assert N.resolve_bf16(True, "cpu") is True
         assert N.resolve_bf16("auto", "cpu") is True
     assert not caplog.records  # native: nothing to warn about
+
+
+def test_auto_on_a_native_cpu_follows_the_recorded_measurement(monkeypatch, measured_bf16_faster) -> None:
+    monkeypatch.setattr(N, "cpu_bf16_supported", lambda: True)
+    assert N.resolve_bf16("auto", "cpu") is True
+    assert N.last_update_decision["update_dtype"] == "bf16" and N.last_update_decision["bf16_ms"] == 5.0
+    _record(measured_bf16_faster.parent, "fp32", fp32_ms=10.0, bf16_ms=70.0)  # native, but measured slower
+    assert N.resolve_bf16("auto", "cpu") is False
+    assert N.last_update_decision == {
+        "update_dtype": "fp32",
+        "reason": f"auto: measured on this CPU, fp32 10.0 ms vs bf16 70.0 ms ({measured_bf16_faster})",
+        "fp32_ms": 10.0,
+        "bf16_ms": 70.0,
+    }
+    assert N.resolve_bf16(True, "cpu") is True and N.resolve_bf16(False, "cpu") is False  # explicit wins
+
+
+@pytest.mark.parametrize(("fp32_ms", "bf16_ms", "choice"), [(10.0, 8.9, "bf16"), (10.0, 9.0, "bf16"),
+                                                             (10.0, 9.5, "fp32"), (10.0, 30.0, "fp32")])  # fmt: skip
+def test_bf16_is_chosen_only_when_clearly_faster(tmp_path, monkeypatch, fp32_ms, bf16_ms, choice) -> None:
+    monkeypatch.setenv(N.CACHE_DIR_ENV, str(tmp_path / "fresh"))
+    got = N.recorded_update_dtype(lambda: {"fp32_ms": fp32_ms, "bf16_ms": bf16_ms})
+    assert got["choice"] == choice and got["key"] == N.machine_key()
+
+
+def test_measured_once_then_read_back(tmp_path, monkeypatch) -> None:
+    """The first call measures (really, on this CPU, a small shape) and records; later calls read the record and
+    never measure again, so every run on this machine makes the same choice."""
+    folder = tmp_path / "fresh"
+    monkeypatch.setenv(N.CACHE_DIR_ENV, str(folder))
+    first = N.recorded_update_dtype(lambda: N.measure_update_dtype(tokens=64, layers=1, repeats=2))
+    assert first["fp32_ms"] > 0 and first["bf16_ms"] > 0 and first["choice"] in ("bf16", "fp32")
+    assert first["choice"] == ("bf16" if first["bf16_ms"] <= N.BF16_MARGIN * first["fp32_ms"] else "fp32")
+    recorded = json.loads((folder / "update_dtype.json").read_text())
+    assert list(recorded) == [N.machine_key()]
+
+    def must_not_measure():
+        raise AssertionError("measured again")
+
+    again = N.recorded_update_dtype(must_not_measure)
+    assert again == first
+
+
+def test_an_unreadable_record_is_measured_again(tmp_path, monkeypatch, caplog) -> None:
+    folder = tmp_path / "fresh"
+    folder.mkdir()
+    (folder / "update_dtype.json").write_text("{not json", encoding="utf-8")
+    monkeypatch.setenv(N.CACHE_DIR_ENV, str(folder))
+    with caplog.at_level(logging.WARNING, logger="orchestry.numerics"):
+        got = N.recorded_update_dtype(lambda: {"fp32_ms": 4.0, "bf16_ms": 8.0})
+    assert got["choice"] == "fp32" and "unreadable" in caplog.text
+    assert json.loads((folder / "update_dtype.json").read_text())[N.machine_key()]["choice"] == "fp32"
 
 
 @pytest.mark.parametrize("setting", ["maybe", 1, None])

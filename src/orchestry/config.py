@@ -346,9 +346,10 @@ class TrainMagrpoParams(_Section):
     )
     bf16_update: Literal["auto"] | bool = Field(
         "auto",
-        description="bf16 autocast for the training forward/backward: auto (only where the hardware runs bf16 "
-        "natively: AVX-512 BF16 / AMX CPUs, bf16-capable GPUs; fp32 elsewhere) | true (bf16 even where it is "
-        "emulated, slowly) | false (fp32); resolved by orchestry.numerics.resolve_bf16",
+        description="bf16 autocast for the training forward/backward: auto (bf16 only where the hardware runs it "
+        "natively and, on a CPU, where it was measured faster than fp32 on this machine: measured once, recorded in "
+        "~/.cache/orchestry/update_dtype.json, logged; fp32 elsewhere) | true (bf16 even where it is emulated, "
+        "slowly) | false (fp32); resolved by orchestry.numerics.resolve_bf16",
     )
     checkpoint_every: int = Field(8, ge=1, le=BIG)
     max_problems: int | None = Field(

@@ -166,30 +166,175 @@ def cuda_bf16_supported() -> bool:
         return bool(torch.cuda.is_bf16_supported())
 
 
+#: Where the measured update dtype is recorded (:func:`recorded_update_dtype`): ``$ORCHESTRY_CACHE_DIR``, else
+#: ``$XDG_CACHE_HOME/orchestry``, else ``~/.cache/orchestry``.
+CACHE_DIR_ENV = "ORCHESTRY_CACHE_DIR"
+
+#: bf16 is chosen only when its measured step takes at most this fraction of fp32's (a margin against noise).
+BF16_MARGIN = 0.9
+
+
+def cache_dir() -> Path:
+    """The folder of this machine's recorded measurements (:data:`CACHE_DIR_ENV`)."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "orchestry"
+
+
+def machine_key() -> str:
+    """What a dtype measurement holds for: the CPU model, its :data:`FLAGS`, torch's version and threads."""
+    import torch
+
+    flags = " ".join(f for f, v in cpu_flags().items() if v) or "none"
+    return f"{cpu_model()} | {flags} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def measure_update_dtype(tokens: int = 1024, layers: int = 4, repeats: int = 5) -> dict:
+    """Milliseconds of one LoRA training step's matrix work in fp32 and under bf16 autocast, on this CPU.
+
+    The work is the shape of the embedded model's MLP (hidden 576, intermediate 1536): ``layers`` frozen
+    ``576 -> 1536 -> 576`` blocks with a rank-16 LoRA pair each, forward and backward over ``tokens`` rows, which is
+    what dominates a warm-start or MAGRPO update (``benchmarks/warm_start_speed.py`` times the real one). Each dtype
+    runs once to warm up, then ``repeats`` times alternately; the median is kept. Under bf16 the frozen weights are
+    cast once beforehand (the trainer's ``orchestry.llm.frozen.cast_once``) and the LoRA pairs stay fp32 under
+    autocast.
+
+    Returns:
+        ``{"fp32_ms": float, "bf16_ms": float}``.
+    """
+    import statistics
+    import time
+
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    hidden, inter, rank = 576, 1536, 16
+    frozen = [(torch.randn(inter, hidden, generator=g) * 0.02, torch.randn(hidden, inter, generator=g) * 0.02)
+              for _ in range(layers)]  # fmt: skip
+    # bf16 steps use copies of the frozen weights cast once, as the trainer does (orchestry.llm.frozen.cast_once)
+    frozen_bf16 = [(w_up.bfloat16(), w_down.bfloat16()) for w_up, w_down in frozen]
+    lora = [(torch.randn(rank, hidden, generator=g) * 0.02, torch.zeros(inter, rank)) for _ in range(layers)]
+    lora = [(a.requires_grad_(), b.requires_grad_()) for a, b in lora]
+    x0 = torch.randn(tokens, hidden, generator=g)
+
+    def step(bf16: bool) -> float:
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        t0 = time.perf_counter()
+        with ctx:
+            x = x0
+            for (w_up, w_down), (a, b) in zip(frozen_bf16 if bf16 else frozen, lora, strict=True):
+                h = torch.nn.functional.linear(x, w_up) + torch.nn.functional.linear(
+                    torch.nn.functional.linear(x, a), b
+                )
+                x = x + torch.nn.functional.linear(torch.nn.functional.silu(h), w_down)
+            loss = x.float().pow(2).mean()
+        loss.backward()
+        for a, b in lora:
+            a.grad = b.grad = None
+        return (time.perf_counter() - t0) * 1000
+
+    step(False), step(True)
+    runs: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for bf16 in (False, True):
+            runs[bf16].append(step(bf16))
+    return {
+        "fp32_ms": round(statistics.median(runs[False]), 2),
+        "bf16_ms": round(statistics.median(runs[True]), 2),
+    }
+
+
+def recorded_update_dtype(measure=measure_update_dtype) -> dict:
+    """This machine's measured update dtype: read from ``update_dtype.json`` in :func:`cache_dir` (one entry per
+    :func:`machine_key`), or measured once with ``measure`` and recorded there, so that every later run on this
+    machine makes the same choice (never a timing race inside a run). Concurrent processes (a multi-process stage)
+    take a file lock, so only the first measures and all read the same entry.
+
+    Returns:
+        ``{"key", "fp32_ms", "bf16_ms", "choice": "bf16" | "fp32", "date", "recorded": path}``; ``choice`` is bf16
+        when ``bf16_ms <= BF16_MARGIN * fp32_ms``.
+    """
+    import datetime
+    import fcntl
+    import json
+
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "update_dtype.json"
+    key = machine_key()
+    with open(folder / "update_dtype.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            table = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+            if not isinstance(table, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, OSError) as e:
+            log.warning("%s unreadable (%s): measuring the update dtype again", path, e)
+            table = {}
+        entry = table.get(key)
+        if not (isinstance(entry, dict) and entry.get("choice") in ("bf16", "fp32")):
+            entry = dict(measure())
+            entry["choice"] = "bf16" if entry["bf16_ms"] <= BF16_MARGIN * entry["fp32_ms"] else "fp32"
+            entry["date"] = datetime.date.today().isoformat()
+            table[key] = entry
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+            os.replace(tmp, path)
+            log.info("update dtype measured on %s: fp32 %.1f ms, bf16 %.1f ms -> %s (recorded in %s)",
+                     key, entry["fp32_ms"], entry["bf16_ms"], entry["choice"], path)  # fmt: skip
+    return {"key": key, **entry, "recorded": str(path)}
+
+
+#: How the last :func:`resolve_bf16` call decided (``update_dtype``, ``reason``, and the measurement if one was
+#: used): logged by the trainer beside its result.
+last_update_decision: dict = {}
+
+
 def resolve_bf16(setting: str | bool, device) -> bool:
     """Whether the training forward/backward runs under bf16 autocast, from ``train_magrpo.bf16_update``.
 
     Args:
-        setting: ``"auto"``: bf16 only where ``device`` runs it natively (CPU: :func:`cpu_bf16_supported`,
-            i.e. oneDNN bf16 on AVX-512 BF16 / AMX CPUs; CUDA: :func:`cuda_bf16_supported`), fp32 elsewhere.
-            Under ``model.numerics: portable`` (:func:`numerics_mode`) ``"auto"`` is fp32.
+        setting: ``"auto"``: on a CPU, bf16 only where it is native (:func:`cpu_bf16_supported`: AVX-512 BF16 /
+            AMX) **and** measured faster than fp32 on this machine (:func:`recorded_update_dtype`: measured once,
+            recorded, the same choice on every later run here): the instruction set does not say how fast a dtype
+            runs (an Intel Xeon with AVX-512 BF16 but no AMX ran a bf16 warm start 3-7x slower than fp32). On CUDA,
+            bf16 where the device runs it natively. Under ``model.numerics: portable`` (:func:`numerics_mode`)
+            ``"auto"`` is fp32.
             ``True``: bf16 even where it is emulated (a one-line warning says so, it is slow there).
             ``False``: fp32.
         device: the model's device (``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``).
 
     Returns:
-        True for bf16 autocast, False for fp32; pass it to :func:`bf16_autocast`.
+        True for bf16 autocast, False for fp32; pass it to :func:`bf16_autocast`. How it was decided is left in
+        :data:`last_update_decision`.
     """
     import torch
 
+    last_update_decision.clear()
+
+    def decided(bf16: bool, reason: str, **measured) -> bool:
+        last_update_decision.update(update_dtype="bf16" if bf16 else "fp32", reason=reason, **measured)
+        return bf16
+
     if setting is False:
-        return False
+        return decided(False, "bf16_update false")
     if setting == "auto" and numerics_mode() == "portable":  # model.numerics: portable trains in fp32
-        return False
+        return decided(False, "model.numerics portable")
     kind = torch.device(device).type
     native = (kind == "cpu" and cpu_bf16_supported()) or (kind == "cuda" and cuda_bf16_supported())
     if setting == "auto":
-        return native
+        if not native:
+            return decided(False, f"auto: no native bf16 on {kind}")
+        if kind != "cpu":
+            return decided(True, f"auto: native bf16 on {kind}")
+        m = recorded_update_dtype()
+        return decided(
+            m["choice"] == "bf16",
+            f"auto: measured on this CPU, fp32 {m['fp32_ms']} ms vs bf16 {m['bf16_ms']} ms ({m['recorded']})",
+            fp32_ms=m["fp32_ms"],
+            bf16_ms=m["bf16_ms"],
+        )
     if setting is True:
         if not native:
             log.warning(
@@ -198,7 +343,7 @@ def resolve_bf16(setting: str | bool, device) -> bool:
                 kind,
                 "no AVX-512 BF16 / AMX" if kind == "cpu" else "not reported as native",
             )
-        return True
+        return decided(True, "bf16_update true")
     raise ValueError(f"bf16 setting must be 'auto', True or False, got {setting!r}")
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from orchestry import numerics
 from orchestry.algorithms.magrpo import group_advantages, k3_kl, micro_batch_loss
 from orchestry.algorithms.reinforce_pp import reinforce_pp_advantages, token_policy_loss
 from orchestry.config import SamplingParams, TrainMagrpoParams
@@ -138,10 +139,12 @@ class MAGRPOTrainer:
         self.rank, self.world_size = batching.process_group()
         # bf16_update resolved once for the model's device: True = bf16 autocast in the update, False = fp32
         self.bf16 = resolve_bf16(self.cfg.bf16_update, next(self.model.parameters()).device)
+        self.update_decision = dict(numerics.last_update_decision)  # update_dtype, reason[, fp32_ms, bf16_ms]
         log.info(
-            "train_magrpo.bf16_update %s: the update runs in %s",
+            "train_magrpo.bf16_update %s: the update runs in %s (%s)",
             self.cfg.bf16_update,
             "bf16" if self.bf16 else "fp32",
+            self.update_decision.get("reason", ""),
         )
 
     # ------------------------------------------------------------------ the loop
