@@ -11,7 +11,8 @@ problem, with bootstrap intervals), ``calibrate`` (the base model's pass rates o
 difficulty, ``reports/calibration.{json,md}``), ``override`` and ``review`` (a person's reward for an API-GRPO
 trajectory or orchestrator episode, ``data/overrides.jsonl``; :mod:`orchestry.overrides`), ``tune``
 (hyper-parameter search on Optuna, one DVC experiment per trial; ``tune --show``: the best trials and the
-parameter importances), ``budget`` (what each API experiment spent across runs; ``--reset SCOPE`` forgets one).
+parameter importances), ``budget`` (what each API experiment spent across runs; ``--reset SCOPE`` forgets one), ``doctor`` (this machine's
+numerics fingerprint and update dtype: whether ``dvc repro`` here reproduces the committed outputs).
 
 Errors are one line on stderr (``error: --option: what is wrong``), whatever ``--quiet`` says: exit code 2
 for a bad option value or an unusable file, 1 for anything else; ``--debug`` (global, ``orchestry --debug CMD``,
@@ -29,6 +30,7 @@ import typer
 
 from orchestry.cli.budget import budget
 from orchestry.cli.common import _STATE, _OneLineErrors
+from orchestry.cli.doctor import doctor
 from orchestry.cli.evaluate import calibrate, evaluate
 from orchestry.cli.pipeline import report, smoke
 from orchestry.cli.results import compare, paired, seeds, show_best, times
@@ -63,5 +65,5 @@ app.command("score-text")(score_text)
 for _command in (seeds, evaluate, calibrate, compare, times, paired):
     app.command()(_command)
 app.command("show-best")(show_best)
-for _command in (ui, smoke, report, tune, override, review, budget):
+for _command in (ui, smoke, report, tune, override, review, budget, doctor):
     app.command()(_command)
