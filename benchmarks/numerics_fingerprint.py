@@ -37,16 +37,29 @@ def main() -> None:
                     help="the training step's dtype: fp32 (comparable across machines) or bf16_update auto")  # fmt: skip
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "base")
     ap.add_argument("--out", type=Path, help="append the line to this JSONL file as well")
+    ap.add_argument(
+        "--trace", type=Path, help="write the first training step's hashes per module to this JSON file"
+    )
+    ap.add_argument(
+        "--compare", type=Path, help="with --trace: print where this machine's trace parts from this one"
+    )
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT / "src"))
     from orchestry.numerics import apply_numerics
 
     apply_numerics(args.numerics)  # before torch computes anything
-    from orchestry.doctor import fingerprint
+    from orchestry.doctor import fingerprint, first_difference, gradient_trace
+    from orchestry.numerics import machine_info
 
     if not (args.model / "config.json").exists():
         ap.error(f"--model {args.model}: no model there (run `dvc repro prepare` first)")
+    if args.trace:  # where the training step parts between two machines (docs/reproducibility.md)
+        trace = {"machine": machine_info(), **gradient_trace(args.model)}
+        args.trace.write_text(json.dumps(trace, indent=0) + "\n")
+        if args.compare:
+            print(json.dumps(first_difference(trace, json.loads(args.compare.read_text()))))
+        return
     line = fingerprint(args.model, "auto" if args.update == "auto" else False)
     text = json.dumps(line)
     print(text)

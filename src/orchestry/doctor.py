@@ -178,3 +178,81 @@ MEANING = {
     ),
     "no-reference": "NO REFERENCE: no committed fingerprint lines to compare with.",
 }
+
+
+def gradient_trace(model_path: str | Path) -> dict:
+    """Where two machines' training steps part: hashes of every module's output and output gradient in the first
+    step of :func:`fingerprint`'s training (fp32), in the order computed, and of each LoRA parameter's gradient and
+    AdamW state after the first update.
+
+    Compare two machines' traces (``benchmarks/numerics_fingerprint.py --trace FILE`` on each): the first entry of
+    ``backward`` that differs names the module whose backward gives other bits (the entries before it agree), and
+    ``forward`` shows whether the forward with LoRA already differs. Call it after
+    :func:`orchestry.numerics.apply_numerics`, in a process of its own.
+
+    Returns:
+        ``{"forward": [[module, hash], ...], "backward": [[module, hash], ...], "grads": {param: hash},
+        "adam": {param: hash of exp_avg_sq}, "loss": hash}``.
+    """
+    import torch
+
+    from orchestry.llm.local import attach_adapters, chat_prompt, load_model
+
+    model, tok = load_model(Path(model_path), dtype="float32")
+    prompts = [chat_prompt(tok, t) for t in TASKS]
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    peft_model = attach_adapters(model, ["helper"], seed=0)
+    forward, backward = [], []
+
+    def first(x):
+        return x[0] if isinstance(x, tuple) else x
+
+    hooks = []
+    for name, module in peft_model.named_modules():
+        if not name or name.endswith(("dropout", "lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")):
+            continue
+        if isinstance(module, torch.nn.ModuleDict | torch.nn.ModuleList):
+            continue
+
+        def on_forward(m, args, out, name=name):
+            t = first(out)
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                forward.append([name, _sha(t)])
+
+        def on_backward(m, grad_in, grad_out, name=name):
+            t = first(grad_out)
+            if isinstance(t, torch.Tensor):
+                backward.append([name, _sha(t)])
+
+        hooks.append(module.register_forward_hook(on_forward))
+        hooks.append(module.register_full_backward_hook(on_backward))
+    params = {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
+    opt = torch.optim.AdamW(list(params.values()), lr=1e-3, weight_decay=0.0)
+    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+    loss = peft_model(**enc, labels=labels).loss
+    loss.backward()
+    for h in hooks:
+        h.remove()
+    grads = {n: _sha(p.grad) for n, p in params.items()}
+    opt.step()
+    adam = {n: _sha(opt.state[p]["exp_avg_sq"]) for n, p in params.items()}
+    return {
+        "forward": forward,
+        "backward": backward,
+        "grads": grads,
+        "adam": adam,
+        "loss": _sha(loss.detach()),
+    }
+
+
+def first_difference(a: dict, b: dict) -> dict:
+    """The first entry where two :func:`gradient_trace` results part, per part (``None`` where they agree)."""
+    out: dict = {"loss": None if a["loss"] == b["loss"] else [a["loss"], b["loss"]]}
+    for part in ("forward", "backward"):
+        out[part] = next(
+            ([i, x, y] for i, (x, y) in enumerate(zip(a[part], b[part], strict=False)) if x != y),
+            None if len(a[part]) == len(b[part]) else ["length", len(a[part]), len(b[part])],
+        )
+    for part in ("grads", "adam"):
+        out[part] = next((k for k in a[part] if a[part][k] != b[part].get(k)), None)
+    return out
