@@ -92,3 +92,23 @@ def test_missing_model_is_one_error_line(tmp_path) -> None:
         app, ["doctor", "--model", str(tmp_path / "nowhere"), "--reference", str(tmp_path / "r")]
     )
     assert r.exit_code == 2 and "error: --model: no model in" in r.output, r.output
+
+
+def test_the_gradient_trace_is_stable_here_and_names_where_two_traces_part(tiny_base) -> None:
+    base, _ = tiny_base
+    a, b = D.gradient_trace(base), D.gradient_trace(base)
+    assert a["backward"][0][0].endswith("lm_head") and len(a["grads"]) == len(a["adam"]) > 0
+    assert D.first_difference(a, b) == {
+        "loss": None,
+        "forward": None,
+        "backward": None,
+        "grads": None,
+        "adam": None,
+    }
+    name, h = b["backward"][3]
+    b["backward"][3] = [name, "0" * 12]
+    key = next(iter(b["grads"]))
+    b["grads"][key] = "x"
+    got = D.first_difference(a, b)
+    assert got["backward"] == [3, a["backward"][3], [name, "0" * 12]] and got["grads"] == key
+    assert got["forward"] is None and got["adam"] is None
