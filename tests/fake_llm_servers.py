@@ -146,9 +146,12 @@ class FakeOpenAI(_Server):
     SDK parses into ``ChatCompletion`` and a page of ``Model``)."""
 
     kind = "openai"
+    #: extra fields of the listed model "m" (vLLM adds ``max_model_len``, llama.cpp ``meta.n_ctx_train``)
+    model_fields: dict = {}
 
     def models_body(self) -> dict:
-        return {"object": "list", "data": [{"id": "m", "object": "model", "created": 0, "owned_by": "fake"}]}
+        model = {"id": "m", "object": "model", "created": 0, "owned_by": "fake", **self.model_fields}
+        return {"object": "list", "data": [model]}
 
     def answer(self, body: dict) -> dict:
         text = self.reply(body)

@@ -28,6 +28,7 @@ from orchestry.llm.backends import (
     make_backend,
 )
 from orchestry.llm.cache import CachedChat, ResponseCache, cache_key
+from orchestry.llm.chat import PromptTooLong
 from orchestry.llm.cost import (
     BudgetExceeded,
     CostTracker,
@@ -664,3 +665,40 @@ def test_local_backend_batches_prompts_into_one_generate_call(tiny_llama, monkey
     calls.clear()
     LocalChat(hf_model=model, tokenizer=tok, name="tiny", batch_size=2).complete_batch(reqs)
     assert calls == [2, 2, 1]
+
+
+@pytest.mark.parametrize("fields", [{"max_model_len": 300}, {"meta": {"n_ctx_train": 300}}, {}])
+def test_a_prompt_that_cannot_fit_the_context_is_refused_before_anything_is_sent(tmp_path, fields) -> None:
+    """The server's model list says the context (vLLM, llama.cpp); a batch with one request that cannot fit it is
+    refused whole: no request sent, nothing charged or reserved; one that fits goes through. A server that does
+    not say (and a model family not in KNOWN_CONTEXT) leaves the check to the server."""
+    srv = FakeOpenAI(reply=lambda b: "ok")
+    srv.model_fields = fields
+    long_prompt = "x = 1\n" * 400  # 2,400 characters: at least 400 tokens counted low
+    with srv.running():
+        chat = OpenAICompatibleChat("m", srv.url + "/v1", price=Price(1.0, 1.0))
+        chat.preflight()
+        tracker = CostTracker(limit_usd=1.0)
+        cached = CachedChat(chat, ResponseCache(tmp_path / "c.sqlite"), tracker)
+        fits = ChatRequest((("user", "short"),), None, 0, 16)
+        too_long = ChatRequest((("user", long_prompt),), None, 0, 16)
+        if not fields:
+            assert chat.context_tokens is None
+            cached.complete_batch([fits, too_long])
+            assert len(srv.posts) == 2
+            return
+        assert chat.context_tokens == 300
+        with pytest.raises(PromptTooLong, match=r"1 of 2 request\(s\) cannot fit .* context of 300 tokens"):
+            cached.complete_batch([fits, too_long])
+        assert srv.posts == [] and tracker.total.calls == 0 and tracker.spent_total_usd == 0.0
+        assert cached.complete_batch([fits])[0].text == "ok" and len(srv.posts) == 1
+        near = ChatRequest(
+            (("user", "y" * 1700),), None, 0, 16
+        )  # >= 283 tokens counted low, + 16 < 300: sent
+        cached.complete_batch([near])
+        assert len(srv.posts) == 2
+
+
+def test_claude_models_have_a_known_context(key) -> None:
+    assert AnthropicChat("claude-haiku-4-5").context_tokens == 200_000
+    assert AnthropicChat("some-proxy-model").context_tokens is None

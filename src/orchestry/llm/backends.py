@@ -46,12 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestry.fingerprint import folder_fingerprint
-from orchestry.llm.chat import (
+from orchestry.llm.chat import (  # BackendError: importable from here as before
     BackendConfigError,
+    BackendError,
     ChatModel,
     ChatRequest,
     ChatResult,
     _Base,
+    known_context,
 )
 from orchestry.llm.cost import FREE, Price
 
@@ -61,11 +63,6 @@ FAULT_RETRY_BASE_S = (
     0.5  # wait before retrying an unusable 200 answer: base x 2^attempt (the SDKs' own backoff)
 )
 FAULT_RETRY_MAX_S = 8.0
-
-
-class BackendError(RuntimeError):
-    """A request failed for good (after the retries): an HTTP error, an unreachable server, or an answer that
-    cannot be used; the message is one line naming the server and the cause."""
 
 
 class _Unusable(Exception):
@@ -188,6 +185,7 @@ class AnthropicChat(_SDKChat):
         self.model, self.price, self.concurrency = model, price, concurrency
         self.api_key_env, self.base_url, self.seed = api_key_env, base_url, seed
         self.max_retries = max_retries
+        self.context_tokens = known_context(model)
         self._anthropic = anthropic
         self.client = anthropic.Anthropic(
             api_key=key, base_url=base_url, max_retries=max_retries, timeout=timeout_s
@@ -357,9 +355,10 @@ class OpenAICompatibleChat(_SDKChat):
         """
         o = self._openai
         try:
-            self.client.with_options(max_retries=0, timeout=min(self.timeout_s, 15.0)).models.list(
+            listed = self.client.with_options(max_retries=0, timeout=min(self.timeout_s, 15.0)).models.list(
                 extra_headers=self._auth
             )
+            self.context_tokens = self._listed_context(listed) or known_context(self.model)
         except o.APIConnectionError as e:  # also APITimeoutError
             raise BackendConfigError(
                 f"cannot reach the server at api_grpo.base_url = {self.base_url} ({_cause(e)}); "
@@ -374,6 +373,21 @@ class OpenAICompatibleChat(_SDKChat):
             log.warning("preflight: GET %s/models answered %s; continuing", self.base_url, e.status_code)
         except o.APIError as e:  # an answer the SDK cannot read as a model list: not fatal either
             log.warning("preflight: GET %s/models: %s; continuing", self.base_url, e)
+
+    def _listed_context(self, listed) -> int | None:
+        """This model's context from the server's model list: ``max_model_len`` (vLLM), ``context_length``
+        (llama.cpp, OpenRouter) or ``context_window``; ``None`` when the list does not say."""
+        for m in getattr(listed, "data", None) or []:
+            if getattr(m, "id", None) != self.model:
+                continue
+            extra = dict(getattr(m, "model_extra", None) or {})
+            if isinstance(extra.get("meta"), dict):  # llama.cpp's server nests it
+                extra.update(extra["meta"])
+            for key in ("max_model_len", "context_length", "context_window", "n_ctx_train"):
+                value = extra.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+        return None
 
     def _one(self, request: ChatRequest) -> ChatResult:
         msgs = ([{"role": "system", "content": request.system}] if request.system else []) + [

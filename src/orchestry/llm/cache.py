@@ -29,7 +29,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orchestry.llm.chat import BackendConfigError, ChatModel, ChatRequest, ChatResult, as_messages
+from orchestry.llm.chat import (
+    BackendConfigError,
+    ChatModel,
+    ChatRequest,
+    ChatResult,
+    PromptTooLong,
+    as_messages,
+    min_prompt_tokens,
+)
 from orchestry.llm.cost import (
     BudgetExceeded,
     CostTracker,
@@ -417,6 +425,7 @@ class CachedChat:
             else:
                 first_of[key] = i
         todo = list(first_of.values())
+        self._check_context([requests[i] for i in todo])
         if todo:
             writes = _Writes(worst={i: self.worst_case_usd(requests[i]) for i in todo})
             worst = sum(writes.worst.values())
@@ -441,6 +450,26 @@ class CachedChat:
                 r = results[i]
                 self.tracker.charge(r.prompt_tokens, r.completion_tokens, r.usd, True, requests[i].tags)
         return results  # type: ignore[return-value]
+
+    def _check_context(self, requests: Sequence[ChatRequest]) -> None:
+        """Refuse the batch before anything is sent when one request cannot fit the model's context.
+
+        Raises:
+            PromptTooLong: names the request's tokens (counted low), its ``max_tokens`` and the context; counts the
+                batch's requests that do not fit.
+        """
+        context = getattr(self.inner, "context_tokens", None)
+        if not context:
+            return
+        over = [(min_prompt_tokens(r.chars()), r) for r in requests]
+        over = [(n, r) for n, r in over if n + r.max_tokens > context]
+        if over:
+            n, r = over[0]
+            raise PromptTooLong(
+                f"{len(over)} of {len(requests)} request(s) cannot fit {self.backend} model {self.model}'s context "
+                f"of {context} tokens: the first has at least {n} prompt tokens + max_tokens {r.max_tokens}; "
+                "nothing of this batch was sent or charged (shorten the prompt or lower max_tokens)"
+            )
 
     def _reserve_ledger(self, worst: float, writes: _Writes) -> None:
         """Record the batch's worst case as pending in the ledger before anything is sent (with a scope)."""

@@ -18,6 +18,34 @@ class BackendConfigError(RuntimeError):
     """A backend cannot work as configured; the message names the parameter or environment variable to set."""
 
 
+class BackendError(RuntimeError):
+    """A request failed for good (after the retries): an HTTP error, an unreachable server, or an answer that
+    cannot be used; the message is one line naming the server and the cause."""
+
+
+class PromptTooLong(BackendError):
+    """A request whose prompt (counted low: :func:`min_prompt_tokens`) plus ``max_tokens`` cannot fit the model's
+    context (``context_tokens``): refused before anything of its batch is sent or charged."""
+
+
+#: Context sizes (tokens) of model families whose server does not report one: id prefix -> tokens.
+KNOWN_CONTEXT = {"claude-": 200_000}
+
+#: Characters per token of the lower-side token count used to refuse a prompt (:func:`min_prompt_tokens`): few
+#: texts pack more than this many characters into one token, so a refused prompt is certainly too long.
+MAX_CHARS_PER_TOKEN = 6.0
+
+
+def min_prompt_tokens(chars: int) -> int:
+    """A lower-side token count of ``chars`` characters of prompt (:data:`MAX_CHARS_PER_TOKEN`)."""
+    return int(chars / MAX_CHARS_PER_TOKEN)
+
+
+def known_context(model: str) -> int | None:
+    """The context of ``model`` from :data:`KNOWN_CONTEXT` (``None`` when its family is not listed)."""
+    return next((n for prefix, n in KNOWN_CONTEXT.items() if model.startswith(prefix)), None)
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     """One chat completion to sample.
@@ -128,6 +156,10 @@ class _Base(ChatModel):
     backend = "base"
     batched = False
     concurrency = 1
+    #: The model's context in tokens (prompt + completion) when known (the server's model list, or
+    #: :data:`KNOWN_CONTEXT`), else ``None``: :class:`orchestry.llm.cache.CachedChat` refuses requests that
+    #: cannot fit before sending them.
+    context_tokens: int | None = None
 
     def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
         """Sample every request (concurrently, ``concurrency`` at a time); results in input order."""
