@@ -9,7 +9,10 @@ joint action g, which receives one joint reward R_g. Then
 
 Every agent gets the same joint advantage; gradients flow only through its own log-probs. With several
 problems in one update, the per-problem losses are averaged. Optional: a KL penalty to the reference policy
-(k3 estimator, per token, weight beta) and other advantage modes of later CoMLRL versions.
+(k3 estimator, per token, weight beta), other advantage modes of later CoMLRL versions, and the estimators
+:func:`rloo_advantages` (leave-one-out baseline), :func:`reinforce_advantages` with :func:`running_baseline`
+(REINFORCE with a running-mean baseline) and :func:`agent_turn_advantages` (AT-GRPO's agent- and turn-wise
+groups), each with its formula and source in its docstring and in docs/algorithms.md.
 
 The trainer never holds the whole batch's graph: it back-propagates :func:`micro_batch_loss` (one micro-batch's
 rows written on the ``[N, G]`` grid of :func:`policy_loss`, the other rows 0) once per micro-batch, and skips the
@@ -52,10 +55,144 @@ def group_advantages(rewards: torch.Tensor, mode: str = "mean", eps: float = 1e-
     if mode == "mean_std":
         return (rewards - mean) / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
     if mode == "rloo":
-        return (rewards - mean) * G / (G - 1)  # R_g - mean of the other G-1
+        return rloo_advantages(rewards)
     if mode == "max":
         return rewards - rewards.max(dim=1, keepdim=True).values
     raise ValueError(f"unknown advantage mode {mode!r} (allowed: {', '.join(ADVANTAGE_MODES)})")
+
+
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """RLOO: each sample's baseline is the mean reward of the OTHER G - 1 samples of its group (no std division).
+
+    Source: W. Kool, H. van Hoof, M. Welling, "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (ICLR 2019
+    workshop); A. Ahmadian et al., "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from
+    Human Feedback in LLMs" (arXiv 2402.14740), eq. for the RLOO estimator; CoMLRL's ``advantage_mode="rloo"``.
+
+        A_{n,g} = R_{n,g} - (1 / (G - 1)) * sum_{j != g} R_{n,j}  =  G / (G - 1) * (R_{n,g} - mean_j R_{n,j})
+
+    (the second form is the one computed). The baseline does not depend on the sample itself, so the estimator
+    is unbiased; it is the group mean advantage scaled by G / (G - 1).
+
+    Args:
+        rewards: ``[N, G]`` rewards, N groups (problems) x G samples.
+
+    Returns:
+        ``[N, G]`` advantages.
+
+    Raises:
+        ValueError: ``rewards`` not ``[N, G]`` or G < 2.
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [N, G], got shape {tuple(rewards.shape)}")
+    G = rewards.shape[1]
+    if G < 2:
+        raise ValueError("group-relative advantages need G >= 2 completions per problem")
+    return (rewards - rewards.mean(dim=1, keepdim=True)) * G / (G - 1)
+
+
+def reward_sum_count(rewards: torch.Tensor, active: torch.Tensor | None = None) -> tuple[float, int]:
+    """``(sum, count)`` of the rewards of the ``active`` samples (all when None): a batch's share of the mean
+    :func:`running_baseline` is fed with (data-parallel processes add theirs up before dividing).
+
+    Args:
+        rewards: ``[N, G]``; active: optional ``[N, G]`` bool.
+    """
+    if active is None:
+        return float(rewards.sum()), rewards.numel()
+    if active.shape != rewards.shape:
+        raise ValueError(f"active {tuple(active.shape)} must match rewards {tuple(rewards.shape)}")
+    return float(rewards[active].sum()), int(active.sum())
+
+
+def running_baseline(previous: float | None, batch_mean: float, decay: float) -> tuple[float, float]:
+    """The REINFORCE baseline of this step and the running state after it: an exponential moving average of the
+    mean rewards of the steps before.
+
+        b_s     = state_{s-1}                     (the first step, without a state: b_0 = this batch's mean)
+        state_s = decay * b_s + (1 - decay) * mean_s
+
+    So b_s = (1 - decay) * sum_{k < s} decay^(s-1-k) * mean_k + decay^s * mean_0 for s >= 1: a baseline made of
+    earlier steps' rewards only (Williams 1992's "reinforcement baseline", as a moving average), which does not
+    depend on this step's samples after the first step.
+
+    Args:
+        previous: the state after the previous step (None: none yet).
+        batch_mean: this step's mean reward (:func:`reward_sum_count`, over every process).
+        decay: in [0, 1); 0 makes the baseline the previous step's mean.
+
+    Returns:
+        ``(b_s, state_s)``.
+    """
+    if not 0.0 <= decay < 1.0:
+        raise ValueError(f"decay must be in [0, 1), got {decay}")
+    b = batch_mean if previous is None else float(previous)
+    return b, decay * b + (1.0 - decay) * batch_mean
+
+
+def reinforce_advantages(rewards: torch.Tensor, baseline: float) -> torch.Tensor:
+    """REINFORCE with one scalar baseline and no per-group statistic: ``A_{n,g} = R_{n,g} - b``.
+
+    Source: R. J. Williams, "Simple Statistical Gradient-Following Algorithms for Connectionist Reinforcement
+    Learning" (Machine Learning 8, 1992), the REINFORCE estimator with a reinforcement baseline; Ahmadian et al.
+    (arXiv 2402.14740) use REINFORCE with a moving-average baseline as the RLOO paper's "vanilla PG" arm; CoMLRL
+    ships it as MAREINFORCE. The trainer's b is :func:`running_baseline`; ``baseline=0`` is plain REINFORCE.
+
+    Args:
+        rewards: ``[N, G]`` (or any shape) rewards.
+        baseline: the scalar b.
+
+    Returns:
+        advantages, the shape of ``rewards``.
+    """
+    return rewards - float(baseline)
+
+
+def agent_turn_advantages(
+    rewards: torch.Tensor, active: torch.Tensor | None = None, eps: float = 1e-6
+) -> torch.Tensor:
+    """AT-GRPO's agent- and turn-wise group advantages: GRPO's mean/std normalisation within the group of samples
+    ONE agent took at ONE turn of one problem; samples that did not act at this turn are not in the group.
+
+    Source: Y. Zhao et al., "Stronger Together: On-Policy Reinforcement Learning for Collaborative LLMs"
+    (AT-GRPO; the PettingLLMs code, arXiv 2510.11062), the agent- and turn-wise grouping; GRPO's normalised
+    outcome advantage (Shao et al., arXiv 2402.03300, section 4.1). The trainer calls this once per agent (on that
+    agent's own rewards) and per turn (each turn is its own rollout), so each call's ``rewards`` already belong to
+    one agent and one turn. For group n with active set S_n (|S_n| = m):
+
+        A_{n,g} = (R_{n,g} - mean_{j in S_n} R_{n,j}) / (std_{j in S_n} R_{n,j} + eps)   for g in S_n
+        A_{n,g} = 0                                                                    for g not in S_n, or m < 2
+
+    (population std). With every sample active (turn 1, one-turn runs) this is ``group_advantages(.., "mean_std")``.
+    Unlike AT-GRPO's tree sampling, a later turn's group here holds the continuations of different samples of the
+    same problem (one continuation each), not K branches from one shared state.
+
+    Args:
+        rewards: ``[N, G]`` one agent's rewards at one turn.
+        active: optional ``[N, G]`` bool, the samples that acted at this turn (None: all).
+        eps: added to the std.
+
+    Returns:
+        ``[N, G]`` advantages, 0 outside the active samples.
+
+    Raises:
+        ValueError: bad shapes, or G < 2.
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [N, G], got shape {tuple(rewards.shape)}")
+    if rewards.shape[1] < 2:
+        raise ValueError("group-relative advantages need G >= 2 completions per problem")
+    if active is None:
+        m = torch.ones_like(rewards, dtype=torch.float32)
+    elif active.shape != rewards.shape:
+        raise ValueError(f"active {tuple(active.shape)} must match rewards {tuple(rewards.shape)}")
+    else:
+        m = active.to(torch.float32)
+    r = rewards.to(torch.float32)
+    count = m.sum(dim=1, keepdim=True)
+    mean = (r * m).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    std = (((r - mean) ** 2) * m).sum(dim=1, keepdim=True).div(count.clamp(min=1)).sqrt()
+    adv = (r - mean) / (std + eps) * m
+    return torch.where(count >= 2, adv, torch.zeros_like(adv))
 
 
 def policy_loss(

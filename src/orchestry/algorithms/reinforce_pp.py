@@ -22,9 +22,14 @@ from __future__ import annotations
 import torch
 
 from orchestry.algorithms.kl import token_kl
-from orchestry.algorithms.magrpo import ADVANTAGE_MODES, group_advantages
+from orchestry.algorithms.magrpo import (
+    ADVANTAGE_MODES,
+    agent_turn_advantages,
+    group_advantages,
+    reinforce_advantages,
+)
 
-ESTIMATORS = ("magrpo", "magrpo_std", "rloo", "reinforce_pp")
+ESTIMATORS = ("magrpo", "magrpo_std", "rloo", "reinforce", "agent_turn", "reinforce_pp")
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -128,6 +133,10 @@ def estimate_advantages(name: str, rewards: torch.Tensor, **kwargs) -> torch.Ten
       ``"rloo"``: leave-one-out baseline. These three take ``rewards`` ``[N, G]`` and return ``[N, G]``
       (:func:`orchestry.algorithms.magrpo.group_advantages`); any other mode of that function (``max``,
       ``raw``, ``mean``, ``mean_std``) is accepted by its own name too.
+    - ``"reinforce"``: ``rewards`` minus the scalar ``baseline`` (keyword, required;
+      :func:`orchestry.algorithms.magrpo.reinforce_advantages`; the trainer's is a running mean).
+    - ``"agent_turn"``: ``rewards`` ``[N, G]`` of one agent at one turn, optional ``active`` ``[N, G]`` and ``eps``
+      (:func:`orchestry.algorithms.magrpo.agent_turn_advantages`, AT-GRPO).
     - ``"reinforce_pp"``: ``rewards`` ``[B]`` plus ``logp``, ``ref_logp``, ``mask`` (``[B, T]``) and optional
       ``beta``, ``gamma``, ``kl_estimator``, ``whiten``; returns ``[B, T]`` (:func:`reinforce_pp_advantages`).
 
@@ -137,6 +146,16 @@ def estimate_advantages(name: str, rewards: torch.Tensor, **kwargs) -> torch.Ten
     group = {"magrpo": "mean", "magrpo_std": "mean_std", "rloo": "rloo"}
     if name == "reinforce_pp":
         return reinforce_pp_advantages(rewards, **kwargs)
+    if name == "reinforce":
+        if set(kwargs) != {"baseline"}:
+            raise ValueError(f"estimator 'reinforce' takes rewards and baseline=, got {sorted(kwargs)}")
+        return reinforce_advantages(rewards, kwargs["baseline"])
+    if name == "agent_turn":
+        if set(kwargs) - {"active", "eps"}:
+            raise ValueError(
+                f"estimator 'agent_turn' takes only rewards, active and eps, got {sorted(kwargs)}"
+            )
+        return agent_turn_advantages(rewards, **kwargs)
     mode = group.get(name, name if name in ADVANTAGE_MODES else None)
     if mode is None:
         allowed = ", ".join(ESTIMATORS + ADVANTAGE_MODES)
