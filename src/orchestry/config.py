@@ -22,9 +22,12 @@ BASELINE_METHODS: tuple[str, ...] = get_args(BaselineMethod)
 AdvantageMode = Literal["mean", "mean_std", "rloo", "max", "raw"]
 ADVANTAGE_MODES: tuple[str, ...] = get_args(AdvantageMode)
 """Group-relative modes of :func:`orchestry.algorithms.magrpo.group_advantages`."""
-AdvantageEstimator = Literal["mean", "mean_std", "rloo", "max", "raw", "reinforce_pp"]
+AdvantageEstimator = Literal[
+    "mean", "mean_std", "rloo", "max", "raw", "reinforce", "agent_turn", "reinforce_pp"
+]
 ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimator)
-"""``train_magrpo.advantage``: a group-relative mode, or ``reinforce_pp`` (per-token; REINFORCE++)."""
+"""``train_magrpo.advantage``: a group-relative mode, ``reinforce`` (running-mean baseline), ``agent_turn``
+(AT-GRPO's agent- and turn-wise groups), or ``reinforce_pp`` (per-token; REINFORCE++)."""
 
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="RNG seed")]
 Name = Annotated[str, Field(min_length=1)]
@@ -303,8 +306,11 @@ class TrainMagrpoParams(_Section):
     )
     advantage: AdvantageEstimator = Field(
         "mean",
-        description=f"advantage estimator: {' | '.join(ADVANTAGE_ESTIMATORS)} (MAGRPO paper: mean; reinforce_pp: "
-        "per-token returns with the KL in the reward, whitened over all tokens of the agent's batch)",
+        description=f"advantage estimator: {' | '.join(ADVANTAGE_ESTIMATORS)} (MAGRPO paper: mean; rloo: R minus "
+        "the mean of the group's other G-1; reinforce: R minus a running mean of earlier steps' rewards "
+        "(baseline_decay); agent_turn: AT-GRPO, mean/std within each agent's group at each turn, over the "
+        "samples acting at that turn; reinforce_pp: per-token returns with the KL in the reward, whitened over all "
+        "tokens of the agent's batch)",
     )
     beta: float = Field(
         0.0,
@@ -316,6 +322,13 @@ class TrainMagrpoParams(_Section):
     gamma: float = Field(1.0, ge=0, le=1, description="reinforce_pp: discount of the per-token returns")
     kl_estimator: Literal["k1", "k2", "k3"] = Field(
         "k1", description="reinforce_pp: per-token KL estimator in the reward (paper: k1)"
+    )
+    baseline_decay: float = Field(
+        0.9,
+        ge=0,
+        lt=1,
+        description="advantage reinforce: b <- decay * b + (1 - decay) * (the step's mean reward), per agent and "
+        "turn; the first step's baseline is its own mean",
     )
     turns: int = Field(
         1,

@@ -103,6 +103,15 @@ def average_gradients(model, agent: str, n_rows: int, world_size: int) -> int:
     return total
 
 
+def sum_over_processes(values: torch.Tensor, device) -> torch.Tensor:
+    """``values`` summed over the data-parallel processes (one all-reduce on ``device``; returned on the CPU): so
+    that a statistic of the whole step (the ``reinforce`` baseline's sums and counts) is the same on every
+    process. Every process must call it the same number of times, with the same shape."""
+    from accelerate.utils import reduce
+
+    return reduce(values.to(device), reduction="sum").cpu()
+
+
 def micro_batches(ro: Rollout, rows: list[int], keep: list[int], budget: int) -> list[list[int]]:
     """Split kept row indices (into ``rows``) into micro-batches of at most ``budget`` tokens.
 

@@ -1,4 +1,5 @@
-"""MAGRPO checkpoints: both adapters, both AdamW states, the step log and the samples, written crash-safely.
+"""MAGRPO checkpoints: both adapters, both AdamW states, the step log and the samples (and the ``reinforce``
+estimator's running baseline), written crash-safely.
 
 A checkpoint is written crash-safely (:func:`save_checkpoint`): files go to ``<dir>.new``, are
 fsynced, ``manifest.json`` (size and SHA-256 of every file) is written last, then ``<dir>`` is renamed to
@@ -147,6 +148,7 @@ def save_checkpoint(tr: Trainer, next_step: int) -> None:
         "curriculum": tr.curriculum,
         "warm_start": tr.warm_start,
         "world_size": tr.world_size,
+        "reward_baseline": tr.reward_baseline,
     }
     files = {
         "state.pt": _write_synced(tmp / "state.pt", buf.getvalue()),
@@ -247,6 +249,7 @@ def load_checkpoint(tr: Trainer) -> int:
         if order is not None:
             tr.order, tr.curriculum = order, info["curriculum"]
         tr.warm_start = info.get("warm_start")
+        tr.reward_baseline = dict(info.get("reward_baseline") or {})
         return int(info["next_step"])
     if any(f.exists() for f in (_sibling(tr, ".new"), tr.checkpoint_dir, _sibling(tr, ".old"))):
         log.warning(

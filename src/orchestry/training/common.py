@@ -115,6 +115,7 @@ class Trainer(Protocol):
     resume_key: str
     curriculum: dict | None
     warm_start: dict | None
+    reward_baseline: dict[str, float]
     coach: object | None
     agents: tuple[str, ...]
     order: list[int]

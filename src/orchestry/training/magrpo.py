@@ -47,7 +47,15 @@ from pathlib import Path
 import torch
 
 from orchestry import numerics
-from orchestry.algorithms.magrpo import group_advantages, k3_kl, micro_batch_loss
+from orchestry.algorithms.magrpo import (
+    agent_turn_advantages,
+    group_advantages,
+    k3_kl,
+    micro_batch_loss,
+    reinforce_advantages,
+    reward_sum_count,
+    running_baseline,
+)
 from orchestry.algorithms.reinforce_pp import reinforce_pp_advantages, token_policy_loss
 from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.local import adapter_parameters, completion_logprobs
@@ -123,6 +131,8 @@ class MAGRPOTrainer:
     coach: Coach | None = None  # coach.enabled: scores each agent action (rewards.coach.open_coach)
     # warm_start_epochs > 0: the warm start's losses and seconds (training.warm_start.warm_start); None: none ran
     warm_start: dict | None = None
+    # advantage reinforce: the running reward baseline's state per "<agent>/turn_<t>" (kept in checkpoints)
+    reward_baseline: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -248,7 +258,8 @@ class MAGRPOTrainer:
         """One AdamW step per agent on the loss summed over the episode's rollouts (turns or phases), each
         weighted by its ``weight``; with beta = 0 the group estimators skip rows with zero advantage.
 
-        Group estimators (``advantage``: mean, mean_std, rloo, max, raw): the MAGRPO loss
+        Group estimators (``advantage``: mean, mean_std, rloo, max, raw, reinforce, agent_turn; see
+        :meth:`advantages`): the MAGRPO loss
         (:func:`orchestry.algorithms.magrpo.policy_loss`, back-propagated one
         :func:`~orchestry.algorithms.magrpo.micro_batch_loss` at a time) on each agent's advantages, from its own
         rewards (:meth:`~orchestry.training.common.Rollout.reward_of`: the joint reward unless per-agent credit or
@@ -275,6 +286,7 @@ class MAGRPOTrainer:
             if self.cfg.dynamic_sampling != "none"
             else 0.0
         }
+        baselines = self.reinforce_baselines(rollouts) if self.cfg.advantage == "reinforce" else None
         self.model.train()
         for agent in self.agents:
             opt = self.optimizers[agent]
@@ -286,7 +298,7 @@ class MAGRPOTrainer:
                 if self.cfg.advantage == "reinforce_pp":
                     lv, nr, aa = self._accumulate_tokens(agent, ro)
                 else:
-                    lv, nr, aa = self._accumulate_groups(agent, ro)
+                    lv, nr, aa = self._accumulate_groups(agent, ro, baselines)
                 loss_value, n_rows = loss_value + lv, n_rows + nr
                 if aa is not None:
                     abs_adv.append(aa)
@@ -307,11 +319,13 @@ class MAGRPOTrainer:
             out[f"rows_updated/{agent}"] = n_rows
         return out
 
-    def _accumulate_groups(self, agent: str, ro: Rollout) -> tuple[float, int, float | None]:
+    def _accumulate_groups(
+        self, agent: str, ro: Rollout, baselines: dict[str, float] | None = None
+    ) -> tuple[float, int, float | None]:
         """Backward the group-estimator loss of ``agent``'s rows of ``ro`` (times ``ro.weight``); returns (loss,
-        rows trained, mean |advantage| of the active rows)."""
+        rows trained, mean |advantage| of the active rows). ``baselines``: :meth:`reinforce_baselines`."""
         rewards = ro.reward_of(agent)
-        adv = group_advantages(rewards, self.cfg.advantage)
+        adv = self.advantages(agent, ro, rewards, baselines)
         flat_adv = adv.flatten()
         active = batching.active_rows(ro)
         # dynamic sampling (skip / resample): the loss is the mean over the groups with unequal rewards only, so
@@ -349,6 +363,53 @@ class MAGRPOTrainer:
             loss.backward()
             loss_value += float(loss.detach())
         return loss_value, len(keep), mean_abs
+
+    def advantages(
+        self, agent: str, ro: Rollout, rewards: torch.Tensor, baselines: dict[str, float] | None = None
+    ) -> torch.Tensor:
+        """``[N, G]`` advantages of ``agent``'s rows of ``ro`` from its ``rewards`` (the group estimators).
+
+        * mean, mean_std, rloo, max, raw: :func:`~orchestry.algorithms.magrpo.group_advantages`;
+        * agent_turn: :func:`~orchestry.algorithms.magrpo.agent_turn_advantages` (this agent's rewards, this
+          turn's rollout, over the samples active in it);
+        * reinforce: R - b (:func:`~orchestry.algorithms.magrpo.reinforce_advantages`), b this step's baseline of
+          the agent and turn from ``baselines`` (:meth:`reinforce_baselines`); none (no sample acted): 0.
+        """
+        if self.cfg.advantage == "agent_turn":
+            return agent_turn_advantages(rewards, ro.active)
+        if self.cfg.advantage != "reinforce":
+            return group_advantages(rewards, self.cfg.advantage)
+        b = (baselines or {}).get(f"{agent}/turn_{ro.turn}")
+        return torch.zeros_like(rewards) if b is None else reinforce_advantages(rewards, b)
+
+    def reinforce_baselines(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
+        """``advantage: reinforce``: this step's baseline b per ``"<agent>/turn_<t>"``, and the running state after
+        the step (``reward_baseline``, kept in checkpoints) updated.
+
+        Each key's step mean is the mean reward of its agent's active samples at that turn over every process
+        (one all-reduce per step, the same on every process however many turns each ran), fed to
+        :func:`~orchestry.algorithms.magrpo.running_baseline` with ``baseline_decay``. A key without any active
+        sample this step keeps its state and gets no baseline.
+        """
+        keys = [f"{a}/turn_{t}" for a in self.agents for t in range(self.cfg.turns)]
+        sums = torch.zeros(len(keys), 2, dtype=torch.float64)
+        for ro in rollouts:
+            if ro.turn >= self.cfg.turns:
+                raise ValueError(
+                    f"a rollout of turn {ro.turn} in a run of train_magrpo.turns={self.cfg.turns}"
+                )
+            for a in ro.agents:
+                total, count = reward_sum_count(ro.reward_of(a), ro.active)
+                sums[keys.index(f"{a}/turn_{ro.turn}")] += torch.tensor([total, count], dtype=torch.float64)
+        if self.world_size > 1:
+            sums = batching.sum_over_processes(sums, next(self.model.parameters()).device)
+        out = {}
+        for key, (total, count) in zip(keys, sums.tolist(), strict=True):
+            if count > 0:
+                out[key], self.reward_baseline[key] = running_baseline(
+                    self.reward_baseline.get(key), total / count, self.cfg.baseline_decay
+                )
+        return out
 
     def _accumulate_tokens(self, agent: str, ro: Rollout) -> tuple[float, int, float | None]:
         """Backward the REINFORCE++ loss of ``agent``'s active rows of ``ro`` (times ``ro.weight``); returns (loss,
