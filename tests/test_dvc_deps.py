@@ -462,11 +462,18 @@ def test_the_committed_key_figures_are_few_numbers_from_the_committed_metrics():
     key = json.loads((ROOT / "reports/key_metrics.json").read_text())
     assert key == key_metrics(metrics)
     assert list(key)[:4] == [c for c, _, _ in KEY_METRICS] == ["pass@1", "base@1", "reward", "coop"]
-    assert list(key)[4:] == [f"{name}@1" for name in metrics["transfer"]]
+    assert list(key)[4:] == ["ext@1"]
+    external = [m for name, m in metrics["transfer"].items() if name != "humaneval"]
+    for column, method in (("ext@1", "magrpo"),):  # pooled by problems
+        n = sum(m["methods"][method]["n_problems"] for m in external)
+        pooled = (
+            sum(m["methods"][method]["pass@1"] * m["methods"][method]["n_problems"] for m in external) / n
+        )
+        assert key[column] == pytest.approx(pooled)
     assert key["base@1"] == metrics["methods"]["base"]["pass@1"]
     assert key["coop"] == metrics["methods"]["magrpo"]["cooperation_rate"]
     assert all(isinstance(v, int | float) and not isinstance(v, bool) for v in key.values())
-    assert all("." not in k for k in key) and len(key) <= 8
+    assert all("." not in k for k in key) and len(key) == 5
 
 
 def test_key_metrics_leaves_out_what_is_not_a_number():
@@ -477,8 +484,12 @@ def test_key_metrics_leaves_out_what_is_not_a_number():
                     "base": {"pass@1": None, "reward": 0.1}},
         "transfer": {"humaneval": {"methods": {"magrpo": {"pass@1": 0.25}}}, "beginner": "not run"},
     }  # fmt: skip
-    assert key_metrics(report) == {"pass@1": 0.5, "humaneval@1": 0.25}
+    assert key_metrics(report) == {"pass@1": 0.5}  # HumanEval's pass@1 stays in metrics.json
     assert key_metrics({}) == {}
+    two = {"transfer": {"a": {"methods": {"magrpo": {"pass@1": 0.5, "n_problems": 10}}},
+                        "b": {"methods": {"magrpo": {"pass@1": 0.2, "n_problems": 30},
+                                          "base": {"pass@1": 0.1, "n_problems": 30}}}}}  # fmt: skip
+    assert key_metrics(two) == {"ext@1": pytest.approx((0.5 * 10 + 0.2 * 30) / 40)}
 
 
 def _git_dvc_repo(root: Path, repro: bool) -> dict:
@@ -549,7 +560,7 @@ json.dump(key, open("reports/key_metrics.json", "w"))
 def test_readme_exp_show_fits_the_experiments_key_figures_and_changed_param_in_80_to_120_columns(tmp_path):
     """README's ``dvc exp show`` on two experiments of a learning-rate sweep (a stand-in evaluate stage with every
     stage's params of dvc.yaml and the committed key figures): 120 columns hold the experiment, pass@1, base@1,
-    reward, coop, humaneval@1 and the changed param, nothing cut ("…"); 80 columns the experiment and the key
+    reward, coop, ext@1 and the changed param, nothing cut ("…"); 80 columns the experiment and the key
     figures (before: only "…" cells at 220 columns)."""
     import json
     import shutil

@@ -234,22 +234,36 @@ def key_metrics(report: dict) -> dict[str, float]:
     DVC metrics file, so ``dvc exp show`` lists these numbers and nothing else as metrics.
 
     Flat ``{column: number}`` in :data:`KEY_METRICS`'s order (the trained pair's pass@1 on the test split, the base
-    pair's, the trained pair's mean reward and cooperation rate), then each transfer set's trained pass@1
-    (``<set>@1``, e.g. ``humaneval@1``). The other figures (each method's, the base pair's reward, intervals) stay in
+    pair's, the trained pair's mean reward and cooperation rate), then ``ext@1``: the trained pair's pass@1 pooled
+    over the transfer sets other than HumanEval (the problems written outside the generator; each set weighted by
+    its problems). Five numbers, so that ``dvc exp show`` fits them beside an experiment's name and a changed param
+    in 80-120 columns; per-set figures (HumanEval's, the base pair's), each method's and the intervals stay in
     ``reports/metrics.json``. A figure that is missing or not a number (``None``, NaN, text) is left out.
     """
     out: dict[str, float] = {}
 
-    def add(column: str, methods: object, method: str, figure: str) -> None:
+    def figure(methods: object, method: str, name: str) -> float | None:
         summary = methods.get(method) if isinstance(methods, dict) else None
-        value = summary.get(figure) if isinstance(summary, dict) else None
-        if _number(value):
-            out[column] = value
+        value = summary.get(name) if isinstance(summary, dict) else None
+        return value if _number(value) else None
 
-    for column, method, figure in KEY_METRICS:
-        add(column, report.get("methods"), method, figure)
-    for name, extra in (report.get("transfer") or {}).items():
-        add(f"{name}@1", extra.get("methods") if isinstance(extra, dict) else None, "magrpo", "pass@1")
+    for column, method, name in KEY_METRICS:
+        value = figure(report.get("methods"), method, name)
+        if value is not None:
+            out[column] = value
+    pooled = {"magrpo": [0.0, 0]}
+    for set_name, extra in (report.get("transfer") or {}).items():
+        methods = extra.get("methods") if isinstance(extra, dict) else None
+        if set_name == "humaneval":
+            continue
+        for method, acc in pooled.items():
+            value, n = figure(methods, method, "pass@1"), figure(methods, method, "n_problems")
+            if value is not None and n:
+                acc[0] += value * n
+                acc[1] += int(n)
+    for column, method in (("ext@1", "magrpo"),):
+        if pooled[method][1]:
+            out[column] = pooled[method][0] / pooled[method][1]
     return out
 
 
