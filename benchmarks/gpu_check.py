@@ -134,7 +134,12 @@ def load_quantized(cfg, tok, folder: Path):
     from orchestry.llm.local import load_model
 
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(folder)
+    with torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu"
+    ):  # random init on the GPU: seconds, not minutes
+        fresh = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    fresh.save_pretrained(folder)
+    del fresh
     tok.save_pretrained(folder)
     model, _ = load_model(folder, "bfloat16", load_in_4bit=True)
     return model
