@@ -55,3 +55,16 @@ def test_gpu_check_tiny_on_cpu(tmp_path: Path) -> None:
     quant = [r for r in lines if r.get("shape", "").endswith("-4bit")]
     assert len(quant) == 1 and quant[0]["ok"] in (True, None), quant  # None: skipped, with its reason
     assert lines[-1]["ok"] is True
+
+
+def test_the_nucleus_sampler_builds_every_tensor_on_the_logits_device() -> None:
+    """No tensor of the top-p path is made on the CPU beside logits on another device (on CUDA that was a
+    device-mismatch crash at the default top_p 0.95). The meta device stands in for CUDA: the path runs until
+    ``nonzero``, which meta cannot compute; before the fix it failed earlier, mixing a CPU ``arange`` in."""
+    import torch
+
+    from orchestry.llm.local import NucleusSampler
+
+    logits = torch.randn(4, 4096, device="meta")
+    with pytest.raises(NotImplementedError, match="nonzero"):
+        NucleusSampler(temperature=0.8, top_p=0.95).probabilities(logits)

@@ -475,7 +475,7 @@ class NucleusSampler:
             # topk orders tied values by its algorithm, which depends on k: a row with a tie among its nucleus
             # (or between its last token and the next) takes the top-k search too, so its ids keep their order
             size = (outside[:, :first] < self.top_p).sum(dim=-1, keepdim=True)  # nucleus size, >= 1
-            ties = (top[:, 1:] == top[:, :-1]) & (torch.arange(first - 1) < size)
+            ties = (top[:, 1:] == top[:, :-1]) & (torch.arange(first - 1, device=logits.device) < size)
             still_open = outside[:, first - 1] < self.top_p + 1e-4
             wide = (still_open | ties.any(dim=-1)).nonzero().squeeze(1)
             if wide.numel():
