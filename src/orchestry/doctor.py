@@ -47,6 +47,18 @@ def _sha(t) -> str:
     return hashlib.sha256(t.detach().contiguous().cpu().numpy().tobytes()).hexdigest()[:12]
 
 
+def _fixed_batch(model_path: str | Path):
+    """``(model, tokenizer, prompts, enc, labels)``: the embedded model in fp32 and the 8 fixed chat prompts as one
+    left-padded batch, with next-token labels (padding ignored) — the work both fingerprints share."""
+    from orchestry.llm.local import chat_prompt, load_model
+
+    model, tok = load_model(Path(model_path), dtype="float32")
+    prompts = [chat_prompt(tok, t) for t in TASKS]
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+    return model, tok, prompts, enc, labels
+
+
 def fingerprint(model_path: str | Path, bf16_update: str | bool = False) -> dict:
     """This machine's numerics fingerprint line (module docstring). Call it after
     :func:`orchestry.numerics.apply_numerics` and before anything else in the process has computed with torch.
@@ -66,15 +78,13 @@ def fingerprint(model_path: str | Path, bf16_update: str | bool = False) -> dict
     import torch
 
     from orchestry import numerics
-    from orchestry.llm.local import attach_adapters, chat_prompt, generate, load_model
+    from orchestry.llm.local import attach_adapters, generate
 
     model_path = Path(model_path)
     if not (model_path / "config.json").exists():
         raise FileNotFoundError(f"no model in {model_path} (run `dvc repro prepare` first)")
     t_start = time.perf_counter()
-    model, tok = load_model(model_path, dtype="float32")
-    prompts = [chat_prompt(tok, t) for t in TASKS]
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    model, tok, prompts, enc, labels = _fixed_batch(model_path)
     with torch.no_grad():
         logits = model(**enc).logits.float()
     out = generate(model, tok, prompts * 2, max_new_tokens=48, temperature=0.8, top_p=0.95, seed=0,
@@ -85,7 +95,6 @@ def fingerprint(model_path: str | Path, bf16_update: str | bool = False) -> dict
     peft_model = attach_adapters(model, ["helper"], seed=0)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
-    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
     for _ in range(2):
         with numerics.bf16_autocast(peft_model, bf16):
             loss = peft_model(**enc, labels=labels).loss
@@ -196,11 +205,9 @@ def gradient_trace(model_path: str | Path) -> dict:
     """
     import torch
 
-    from orchestry.llm.local import attach_adapters, chat_prompt, load_model
+    from orchestry.llm.local import attach_adapters
 
-    model, tok = load_model(Path(model_path), dtype="float32")
-    prompts = [chat_prompt(tok, t) for t in TASKS]
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    model, _, _, enc, labels = _fixed_batch(model_path)
     peft_model = attach_adapters(model, ["helper"], seed=0)
     forward, backward = [], []
 
@@ -228,7 +235,6 @@ def gradient_trace(model_path: str | Path) -> dict:
         hooks.append(module.register_full_backward_hook(on_backward))
     params = {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW(list(params.values()), lr=1e-3, weight_decay=0.0)
-    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
     loss = peft_model(**enc, labels=labels).loss
     loss.backward()
     for h in hooks:
