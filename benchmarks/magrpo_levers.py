@@ -277,7 +277,7 @@ def _upd_variant(variant: str) -> dict:
             mask = attention_mask[:, prompt_width:].to(logp.dtype)
             return (logp * mask).sum(1), logp * mask, mask
 
-        import orchestry.training.magrpo as tm
+        import orchestry.training.magrpo.trainer as tm
 
         tm.completion_logprobs = padded
     with _PeakRSS() as peak:

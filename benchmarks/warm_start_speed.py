@@ -32,7 +32,7 @@ import types
 from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.runtime import build_policy, start_stage
-from orchestry.training import warm_start as ws
+from orchestry.training.magrpo import warm_start as ws
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from orchestry.overrides import OverrideError, check_for_stage, read_overrides
 from orchestry.runtime import run_stage, start_stage
-from orchestry.training.api_grpo_setup import make_task
+from orchestry.training.api_grpo.setup import make_task
 
 OVERRIDES = "data/overrides.jsonl"
 OUT = Path("reports/overrides_check.json")

@@ -24,7 +24,7 @@ from orchestry.runtime import OutputNotWritable, open_sandbox, run_stage, start_
 from orchestry.tracking.metric_names import api_grpo_summary_name, renamed
 from orchestry.tracking.runs import log_metrics, stage_run
 from orchestry.training.api_grpo import open_clients, run_api_grpo
-from orchestry.training.api_grpo_setup import make_task, read_transfer
+from orchestry.training.api_grpo.setup import make_task, read_transfer
 
 OUT = "reports/api_grpo"
 TRANSFER_DIR = "data/behaviors"  # libraries for api_grpo.init_behaviors; a dep of the stage (dvc.yaml)

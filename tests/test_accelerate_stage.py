@@ -210,7 +210,7 @@ def test_two_processes_resume_after_a_kill_and_match_one_process(repo, tmp_path)
 
 
 def test_step_records_of_the_processes_merge_into_the_whole_steps():
-    from orchestry.training.batching import merge_records
+    from orchestry.training.magrpo.batching import merge_records
 
     a = {"step": 3, "reward": 1.0, "tokens/completion": 10, "seconds": 2.0, "rows_updated/main": 4,
          "problems": ["p0", "p1"], "truncation_rate": 0.5, "advantage_abs/main": 0.2}  # fmt: skip

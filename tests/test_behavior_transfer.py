@@ -25,7 +25,7 @@ from orchestry.reporting.report import _api_grpo_section
 from orchestry.runtime import write_jsonl
 from orchestry.sandbox import Sandbox
 from orchestry.training.api_grpo import run_api_grpo
-from orchestry.training.api_grpo_setup import TASK_ROLES
+from orchestry.training.api_grpo.setup import TASK_ROLES
 
 REPO = Path(__file__).resolve().parents[1]
 # a story run's library: writer -> editor; code_collaboration has helper -> main

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import orchestry.numerics as N
-import orchestry.training.magrpo as M
+import orchestry.training.magrpo.trainer as M
 from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.local import Generation, GenerationBatch, attach_adapters
 from orchestry.params_file import ParamsError, load_params

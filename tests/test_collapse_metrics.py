@@ -10,8 +10,8 @@ from orchestry.analysis.code_ast import chain_form, normalized_solution
 from orchestry.analysis.metrics import chain_form_rate, distinct_solutions, joint_program, summarize
 from orchestry.config import TrainMagrpoParams
 from orchestry.problems import Problem
-from orchestry.training.common import Rollout
-from orchestry.training.step_log import step_record
+from orchestry.training.magrpo.common import Rollout
+from orchestry.training.magrpo.step_log import step_record
 
 TEMPLATE = """def is_even(n: int) :
     r = aux(n)

@@ -348,7 +348,7 @@ def test_resample_gives_up_after_max_resample(embedded_tokenizer, tiny_llama, tm
 def test_replaced_groups_keep_their_tokens_and_logprobs(embedded_tokenizer, tiny_llama, one_thread):
     """Merging a resample (other prompt/completion widths) re-pads rows without changing their log-probs."""
     from orchestry.llm.local import completion_logprobs
-    from orchestry.training.sampling import replace_groups as _replace_groups
+    from orchestry.training.magrpo.sampling import replace_groups as _replace_groups
 
     tok = embedded_tokenizer
     problems = load_problems()[:3]
@@ -435,7 +435,7 @@ def test_curriculum_orders_problems_by_base_reward(embedded_tokenizer, tiny_llam
 
     t = make(2)
     adapters_seen = []
-    import orchestry.training.rollouts as mg
+    import orchestry.training.magrpo.rollouts as mg
 
     real_generate = mg.generate
 

@@ -271,7 +271,7 @@ def test_the_stage_check_refuses_out_of_range_unknown_and_orchestrator_ids() -> 
 
 
 def test_unknown_ids_are_counted_in_the_summary() -> None:
-    from orchestry.training.api_grpo_outputs import override_summary
+    from orchestry.training.api_grpo.outputs import override_summary
 
     eps = [{"phase": "train", "episode": "0", "task_id": "T", "trajectories": [
         {"id": "ag-000000000001", "reward": {"total": 1.0, "automatic_total": 2.0,

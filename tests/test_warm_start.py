@@ -14,7 +14,13 @@ from orchestry.llm.local import attach_adapters, completion_logprobs
 from orchestry.problems import load_problems, make_problem
 from orchestry.rewards.code import level_rewards
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
-from orchestry.training.warm_start import _batch, _tokenize, resolved_epochs, warm_start, warm_start_examples
+from orchestry.training.magrpo.warm_start import (
+    _batch,
+    _tokenize,
+    resolved_epochs,
+    warm_start,
+    warm_start_examples,
+)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +110,7 @@ def test_plain_prompts_add_a_pair_under_the_prompts_of_problems_without_a_decomp
 
 def test_auto_warm_starts_generated_problems_only():
     from orchestry.params_file import parse_params
-    from orchestry.training.warm_start import AUTO_WARM_START_EPOCHS, resolved_epochs
+    from orchestry.training.magrpo.warm_start import AUTO_WARM_START_EPOCHS, resolved_epochs
 
     generated, humaneval = _generated(3), load_problems("humaneval")[:2]
     auto = TrainMagrpoParams(warm_start_epochs="auto")
@@ -231,7 +237,7 @@ def test_params_refuse_a_warm_start_on_problems_without_reference_decompositions
 
 def test_own_answers_keep_distinct_passing_untruncated_pairs_best_first_up_to_the_cap():
     from orchestry.rewards.code import LevelReward
-    from orchestry.training.warm_start import select_own_answers
+    from orchestry.training.magrpo.warm_start import select_own_answers
 
     problems = _generated(3, (1, 2))
     n, cap = 4, 2
@@ -282,7 +288,7 @@ def test_own_passing_answers_samples_every_problem_and_drops_truncated_pairs(
     embedded_tokenizer, tiny_llama, tmp_path, one_thread
 ):
     from orchestry.rewards.code import LevelReward
-    from orchestry.training.warm_start import own_passing_answers
+    from orchestry.training.magrpo.warm_start import own_passing_answers
 
     tok = embedded_tokenizer
     problems = _generated(3, (1, 2))
@@ -310,7 +316,7 @@ def _beginner(n, seed=0):
 
 
 def test_beginner_problems_warm_start_on_aux_doing_the_whole_answer_which_passes(sandbox, embedded_tokenizer):
-    from orchestry.training.warm_start import is_beginner, plain_delegate_targets
+    from orchestry.training.magrpo.warm_start import is_beginner, plain_delegate_targets
 
     problems = _beginner(24)
     assert all(is_beginner(p) for p in problems)

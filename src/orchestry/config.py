@@ -395,7 +395,7 @@ class TrainMagrpoParams(_Section):
         "auto",
         description="supervised warm start before the first MAGRPO step: epochs of next-token training of each "
         "agent on the train problems' reference decompositions (generated problems: the helper writes the "
-        "first step as aux, the main calls aux and does the rest; orchestry.training.warm_start). 0: off; "
+        "first step as aux, the main calls aux and does the rest; orchestry.training.magrpo.warm_start). 0: off; "
         "auto: 2 (training.warm_start.AUTO_WARM_START_EPOCHS) when every train problem has a reference decomposition "
         "(prepare.source: compositional, workflow helper_main), 0 otherwise",
     )

@@ -231,8 +231,8 @@ def evaluate_workflow(
     """
     from orchestry.analysis.metrics import summarize
     from orchestry.llm.local import has_adapters
-    from orchestry.training.common import BASE, WORKFLOW_AGENTS
-    from orchestry.training.workflows import workflow_rollout
+    from orchestry.training.magrpo.common import BASE, WORKFLOW_AGENTS
+    from orchestry.training.magrpo.workflows import workflow_rollout
 
     agents = WORKFLOW_AGENTS["writer_tester_fixer"]
     ks = sorted({1, num_samples})

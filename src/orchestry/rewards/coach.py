@@ -212,7 +212,7 @@ def open_coach(cfg, model_path: str = "models/base", model_dtype: str = "float32
         cfg: :class:`orchestry.config.CoachParams`. cache_path: ``None``: ``cfg.cache_path`` under the repo root.
 
     Raises:
-        BackendConfigError, PriceError: see :func:`orchestry.training.api_grpo_setup.open_clients`.
+        BackendConfigError, PriceError: see :func:`orchestry.training.api_grpo.setup.open_clients`.
     """
     from orchestry.llm.backends import make_backend
     from orchestry.llm.cache import CachedChat, ResponseCache

@@ -45,7 +45,7 @@ def _seg(name: str) -> str:
 
 
 def magrpo_step_metrics(rec: Mapping[str, object]) -> dict[str, object]:
-    """A MAGRPO step record (``orchestry.training.step_log.step_record``; its keys are the steps CSV's columns)
+    """A MAGRPO step record (``orchestry.training.magrpo.step_log.step_record``; its keys are the steps CSV's columns)
     as MLflow metrics: ``train/<key>``, with ``tokens/prompt`` -> ``train/prompt_tokens``,
     ``tokens/completion`` -> ``train/completion_tokens`` and ``scheme/<s>`` -> ``train/schemes/<s>``."""
     out = {}

@@ -3,7 +3,7 @@
 Paths relative to the repository root, the options every chat backend of a run is made with, the cost tracker
 with the training share of the hard budget and its spend ledger (:func:`open_budget`: the budget covers the
 experiment across runs), and the sampling settings sent to the backend. Each loop's
-``open_clients`` (:mod:`orchestry.training.api_grpo_setup`, :mod:`orchestry.training.orchestrator`) builds
+``open_clients`` (:mod:`orchestry.training.api_grpo.setup`, :mod:`orchestry.training.orchestrator`) builds
 on these.
 """
 

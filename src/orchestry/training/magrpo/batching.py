@@ -9,7 +9,7 @@ import os
 import torch
 
 from orchestry.llm.local import adapter_parameters
-from orchestry.training.common import Rollout
+from orchestry.training.magrpo.common import Rollout
 
 
 def process_group() -> tuple[int, int]:

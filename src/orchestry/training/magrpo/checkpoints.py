@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from orchestry.training.common import Trainer, new_optimizers
-from orchestry.training.sampling import curriculum_order
+from orchestry.training.magrpo.common import Trainer, new_optimizers
+from orchestry.training.magrpo.sampling import curriculum_order
 
 log = logging.getLogger("orchestry.magrpo")
 

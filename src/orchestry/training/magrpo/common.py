@@ -126,5 +126,5 @@ class Trainer(Protocol):
     def rollout(
         self, problems: Sequence[Problem], step: int, attempt: int = 0, base: bool = False
     ) -> Rollout:
-        """A step's helper/main rollout (:func:`orchestry.training.rollouts.rollout`)."""
+        """A step's helper/main rollout (:func:`orchestry.training.magrpo.rollouts.rollout`)."""
         ...

@@ -15,8 +15,8 @@ import torch
 from orchestry.llm.local import Generation, GenerationBatch, chat_prompt, generate
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
 from orchestry.rewards.code import level_rewards
-from orchestry.training.agent_rewards import agent_rewards
-from orchestry.training.common import AGENTS, BASE, CURRICULUM_SEED, RESAMPLE_SEED, Rollout, Trainer
+from orchestry.training.magrpo.agent_rewards import agent_rewards
+from orchestry.training.magrpo.common import AGENTS, BASE, CURRICULUM_SEED, RESAMPLE_SEED, Rollout, Trainer
 
 
 def generate_rows(tr: Trainer, prompts: list[str], adapters: list[str], seed: int) -> GenerationBatch:
@@ -47,7 +47,7 @@ def rollout(
     model writes both agents' completions (the curriculum's rollout), seeded alike on every process.
     Each sample's record holds its completion token counts and whether each hit ``max_completion_length``;
     with ``credit: counterfactual`` or the coach, also each agent's reward
-    (:func:`orchestry.training.agent_rewards.agent_rewards`).
+    (:func:`orchestry.training.magrpo.agent_rewards.agent_rewards`).
     """
     G = tr.cfg.num_generations
     prompts, adapters = [], []
@@ -88,7 +88,7 @@ def score_pairs(
 ) -> tuple[list[dict], dict[str, torch.Tensor] | None, dict]:
     """Score B (problem, helper, main) samples: their records (level reward, texts, token counts,
     truncation), the per-agent rewards ``{agent: [B]}`` (None: shared) and the metrics of
-    :func:`orchestry.training.agent_rewards.agent_rewards`. ``previous``: the samples' records of the turn before
+    :func:`orchestry.training.magrpo.agent_rewards.agent_rewards`. ``previous``: the samples' records of the turn before
     (the coach's earlier feedback)."""
     limit = tr.sampling.max_completion_length
     probs = [s[0] for s in samples]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from orchestry.analysis.metrics import chain_form_rate, distinct_solutions
 from orchestry.analysis.schemes import scheme_distribution
 from orchestry.config import TrainMagrpoParams
-from orchestry.training.common import Rollout, flat_groups
+from orchestry.training.magrpo.common import Rollout, flat_groups
 
 
 def log_samples_table(samples: list[dict], step: int) -> None:

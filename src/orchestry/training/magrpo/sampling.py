@@ -1,5 +1,5 @@
 """Which samples and problems a step trains on: dynamic sampling (DAPO, arXiv 2503.14476) rolls out again the
-groups whose G joint rewards are all equal (:func:`orchestry.training.common.flat_groups`), and the curriculum
+groups whose G joint rewards are all equal (:func:`orchestry.training.magrpo.common.flat_groups`), and the curriculum
 orders the training problems by the base policy's mean group reward, easiest first.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import replace
 import torch
 
 from orchestry.llm.local import GenerationBatch
-from orchestry.training.common import Rollout, Trainer, flat_groups
+from orchestry.training.magrpo.common import Rollout, Trainer, flat_groups
 
 log = logging.getLogger("orchestry.magrpo")
 

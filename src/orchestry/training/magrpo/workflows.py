@@ -12,9 +12,9 @@ import torch
 from orchestry.config import SamplingParams
 from orchestry.llm.local import GenerationBatch, chat_prompt, generate
 from orchestry.problems import Problem
-from orchestry.training.agent_rewards import agent_rewards
-from orchestry.training.common import TURN_SEED, WORKFLOW_AGENTS, Rollout, Trainer
-from orchestry.training.rollouts import step_seed
+from orchestry.training.magrpo.agent_rewards import agent_rewards
+from orchestry.training.magrpo.common import TURN_SEED, WORKFLOW_AGENTS, Rollout, Trainer
+from orchestry.training.magrpo.rollouts import step_seed
 
 
 def workflow_rollout(

@@ -2,7 +2,7 @@
 
 ``run_api_grpo`` is what the ``train_api_grpo`` stage calls:
 
-1. **clients** (:func:`open_clients`, :mod:`orchestry.training.api_grpo_setup`, before any other work):
+1. **clients** (:func:`open_clients`, :mod:`orchestry.training.api_grpo.setup`, before any other work):
    backend from ``api_grpo.backend`` (a missing key, ``base_url`` or price, or an unreachable server raises
    here), behind the sqlite response cache and the cost tracker with the hard budget (training may spend
    ``1 - eval_budget_fraction`` of it; the rest is kept for the evaluation);
@@ -16,7 +16,7 @@
    width 1: the policy's own answers) per problem WITH the final guidelines and WITHOUT any, scored by the
    executable reward only; means with percentile-bootstrap CIs (``intervals`` params) and the paired difference;
 4. **outputs** under ``out_dir``: ``episodes.jsonl``, ``rewards.csv``, ``learned_behaviors.json``,
-   ``summary.json`` (tables: :mod:`orchestry.training.api_grpo_outputs`) -- rewritten after every block, so a
+   ``summary.json`` (tables: :mod:`orchestry.training.api_grpo.outputs`) -- rewritten after every block, so a
    budget stop or a crash keeps everything finished.
 
 Transfer (``api_grpo.init_behaviors``: a ``learned_behaviors.json`` of another run, of any task): training starts
@@ -71,14 +71,14 @@ from orchestry.rewards.judge import Judge, judge_agreement, judge_prompt
 from orchestry.runtime import OutputNotWritable, check_writable
 from orchestry.tasks.common import Turn
 from orchestry.training.api_clients import repo_relative
-from orchestry.training.api_grpo_outputs import (
+from orchestry.training.api_grpo.outputs import (
     compare_arms,
     compare_transfer,
     cost_summary,
     override_summary,
     write_run_files,
 )
-from orchestry.training.api_grpo_setup import TASK_ROLES, Clients, make_task, open_clients, read_transfer
+from orchestry.training.api_grpo.setup import TASK_ROLES, Clients, make_task, open_clients, read_transfer
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoParams, SamplingParams
@@ -116,7 +116,7 @@ class ApiGrpoRun:
         progress: allow the progress bars (module docstring); ``False`` never draws them.
         overrides: human scores by trajectory id (:mod:`orchestry.overrides`, ``data/overrides.jsonl``): a
             complete trajectory with one gets the human score as its reward and value.
-        transfer: the library to start from (:func:`orchestry.training.api_grpo_setup.read_transfer`); None
+        transfer: the library to start from (:func:`orchestry.training.api_grpo.setup.read_transfer`); None
             reads ``cfg.init_behaviors`` (null: start empty, no transfer arm).
     """
 

@@ -6,7 +6,7 @@
    default, ``anthropic`` or ``openai_compatible``) behind the sqlite response cache and the cost tracker with
    its hard USD budget (training may spend ``1 - eval_budget_fraction`` of it), set up as API-GRPO's is
    (:mod:`orchestry.training.api_clients`);
-2. **environment** (:class:`OrchestratorEnv`, :mod:`orchestry.training.orchestrator_env`): episodes on problems,
+2. **environment** (:class:`OrchestratorEnv`, :mod:`orchestry.training.orchestrator.env`): episodes on problems,
    the agent pool of :mod:`orchestry.tasks.agent_pool`; the state vector S_t = [encoder(task), encoder(history),
    step, cost so far, last tester reward, ...] with the offline MiniLM encoder (:mod:`orchestry.llm.encoder`); the
    step cost c_t in tokens (prompt + completion, a cached answer counted at its original size) or USD, plus the
@@ -63,7 +63,7 @@ from orchestry.training.api_clients import (
     sampling_settings,
     training_tracker,
 )
-from orchestry.training.orchestrator_env import (
+from orchestry.training.orchestrator.env import (
     Episode,
     FixedPipeline,
     OrchestratorEnv,
@@ -142,7 +142,7 @@ def apply_episode_override(e: Episode, o: Override, task_reward: str, cost_lambd
     """The human score ``o.score`` as the episode's task reward r: its step rewards (and its trajectory's, for
     the update) are recomputed from r and the step costs; the level reward's ``total`` becomes the score for
     ``task_reward: level`` (the automatic one kept as ``automatic_total``), and the override is recorded."""
-    from orchestry.training.orchestrator_env import TERMINATE
+    from orchestry.training.orchestrator.env import TERMINATE
 
     costs = [st.cost for st in e.state.steps if st.agent != TERMINATE]
     e.task_reward = o.score

@@ -12,8 +12,8 @@ import torch
 from orchestry.llm.local import Generation, GenerationBatch, chat_prompt
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM
 from orchestry.tasks.multi_turn import feedback_text, next_turn_prompts
-from orchestry.training.common import AGENTS, TURN_SEED, Rollout, Trainer
-from orchestry.training.rollouts import generate_rows, score_pairs, step_seed
+from orchestry.training.magrpo.common import AGENTS, TURN_SEED, Rollout, Trainer
+from orchestry.training.magrpo.rollouts import generate_rows, score_pairs, step_seed
 
 
 def next_turn(tr: Trainer, prev: Rollout, step: int, turn: int) -> Rollout | None:

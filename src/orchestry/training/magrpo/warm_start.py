@@ -33,8 +33,8 @@ from orchestry.llm.local import adapter_parameters, chat_prompt, completion_logp
 from orchestry.numerics import bf16_autocast
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
 from orchestry.rewards.code import level_rewards
-from orchestry.training.common import BASE, SELF_DISTILL_SEED, Trainer
-from orchestry.training.rollouts import generate_rows
+from orchestry.training.magrpo.common import BASE, SELF_DISTILL_SEED, Trainer
+from orchestry.training.magrpo.rollouts import generate_rows
 
 log = logging.getLogger(__name__)
 

@@ -6,15 +6,15 @@ step are sampled in ONE batched ``generate`` call (per-row adapters). The loop r
 record, a checkpoint); the math is in :mod:`orchestry.algorithms.magrpo` (advantages, the loss each micro-batch
 back-propagates) and :mod:`orchestry.algorithms.reinforce_pp`; the parts of the loop live in
 
-* :mod:`orchestry.training.rollouts`: sampling the helper/main pairs and scoring them with the level reward;
-* :mod:`orchestry.training.turns`: later turns of a multi-turn episode, with the sandbox's feedback;
-* :mod:`orchestry.training.agent_rewards`: each agent's own reward (counterfactual credit, the coach's scores);
-* :mod:`orchestry.training.workflows`: the writer -> tester -> fixer workflow;
-* :mod:`orchestry.training.sampling`: dynamic sampling (DAPO) and the curriculum;
-* :mod:`orchestry.training.batching`: micro-batches and the data-parallel gradient average;
-* :mod:`orchestry.training.checkpoints`: crash-safe checkpoints and resuming;
-* :mod:`orchestry.training.step_log`: the step's metrics and samples table;
-* :mod:`orchestry.training.common`: what they share (agents, seed offsets, :class:`Rollout`).
+* :mod:`orchestry.training.magrpo.rollouts`: sampling the helper/main pairs and scoring them with the level reward;
+* :mod:`orchestry.training.magrpo.turns`: later turns of a multi-turn episode, with the sandbox's feedback;
+* :mod:`orchestry.training.magrpo.agent_rewards`: each agent's own reward (counterfactual credit, the coach's scores);
+* :mod:`orchestry.training.magrpo.workflows`: the writer -> tester -> fixer workflow;
+* :mod:`orchestry.training.magrpo.sampling`: dynamic sampling (DAPO) and the curriculum;
+* :mod:`orchestry.training.magrpo.batching`: micro-batches and the data-parallel gradient average;
+* :mod:`orchestry.training.magrpo.checkpoints`: crash-safe checkpoints and resuming;
+* :mod:`orchestry.training.magrpo.step_log`: the step's metrics and samples table;
+* :mod:`orchestry.training.magrpo.common`: what they share (agents, seed offsets, :class:`Rollout`).
 
 Checkpoints every ``checkpoint_every`` steps hold both adapters, both AdamW states and the step log, so an
 interrupted run resumes where it stopped and reproduces the uninterrupted one (sampling is seeded per step).
@@ -62,8 +62,8 @@ from orchestry.llm.local import adapter_parameters, completion_logprobs
 from orchestry.numerics import bf16_autocast, resolve_bf16
 from orchestry.problems import Problem
 from orchestry.rewards.coach import Coach
-from orchestry.training import batching, checkpoints, sampling, step_log
-from orchestry.training.common import (
+from orchestry.training.magrpo import batching, checkpoints, sampling, step_log
+from orchestry.training.magrpo.common import (
     AGENTS,
     BASE,
     WORKFLOW_AGENTS,
@@ -72,11 +72,11 @@ from orchestry.training.common import (
     flat_groups,
     new_optimizers,
 )
-from orchestry.training.rollouts import rollout
-from orchestry.training.turns import next_turn
-from orchestry.training.warm_start import resolved_epochs
-from orchestry.training.warm_start import warm_start as run_warm_start
-from orchestry.training.workflows import workflow_episode, workflow_rollout
+from orchestry.training.magrpo.rollouts import rollout
+from orchestry.training.magrpo.turns import next_turn
+from orchestry.training.magrpo.warm_start import resolved_epochs
+from orchestry.training.magrpo.warm_start import warm_start as run_warm_start
+from orchestry.training.magrpo.workflows import workflow_episode, workflow_rollout
 
 # importable from here, where stages, benchmarks and tests have always found them
 __all__ = [
@@ -262,9 +262,9 @@ class MAGRPOTrainer:
         :meth:`advantages`): the MAGRPO loss
         (:func:`orchestry.algorithms.magrpo.policy_loss`, back-propagated one
         :func:`~orchestry.algorithms.magrpo.micro_batch_loss` at a time) on each agent's advantages, from its own
-        rewards (:meth:`~orchestry.training.common.Rollout.reward_of`: the joint reward unless per-agent credit or
+        rewards (:meth:`~orchestry.training.magrpo.common.Rollout.reward_of`: the joint reward unless per-agent credit or
         the coach is on). With ``dynamic_sampling`` skip or resample, the flat groups
-        (:func:`~orchestry.training.common.flat_groups`) are left out of the loss (their rows, KL terms included,
+        (:func:`~orchestry.training.magrpo.common.flat_groups`) are left out of the loss (their rows, KL terms included,
         and their share of the mean over problems): the update is the one the other groups give alone.
         ``skipped_groups`` in the result is their share in the first rollout.
 
@@ -461,44 +461,44 @@ class MAGRPOTrainer:
 
     def _micro_batches(self, ro: Rollout, rows: list[int], keep: list[int]) -> list[list[int]]:
         """Kept row indices (into ``rows``) in micro-batches of :meth:`micro_batch_tokens` tokens
-        (:func:`orchestry.training.batching.micro_batches`)."""
+        (:func:`orchestry.training.magrpo.batching.micro_batches`)."""
         return batching.micro_batches(ro, rows, keep, self.micro_batch_tokens())
 
     # ------------------------------------------------------------------ the step's parts, each in its own module
     def rollout(
         self, problems: Sequence[Problem], step: int, attempt: int = 0, base: bool = False
     ) -> Rollout:
-        """:func:`orchestry.training.rollouts.rollout`."""
+        """:func:`orchestry.training.magrpo.rollouts.rollout`."""
         return rollout(self, problems, step, attempt, base)
 
     def workflow_episode(self, problems: Sequence[Problem], step: int) -> list[Rollout]:
-        """:func:`orchestry.training.workflows.workflow_episode`."""
+        """:func:`orchestry.training.magrpo.workflows.workflow_episode`."""
         return workflow_episode(self, problems, step)
 
     def next_turn(self, prev: Rollout, step: int, turn: int) -> Rollout | None:
-        """:func:`orchestry.training.turns.next_turn`."""
+        """:func:`orchestry.training.magrpo.turns.next_turn`."""
         return next_turn(self, prev, step, turn)
 
     def resample(self, ro: Rollout, step: int) -> Rollout:
-        """:func:`orchestry.training.sampling.resample`."""
+        """:func:`orchestry.training.magrpo.sampling.resample`."""
         return sampling.resample(self, ro, step)
 
     def build_curriculum(self) -> dict:
-        """:func:`orchestry.training.sampling.build_curriculum`."""
+        """:func:`orchestry.training.magrpo.sampling.build_curriculum`."""
         return sampling.build_curriculum(self)
 
     def _step_record(self, step, episode, upd: dict, gen_s: float, upd_s: float, total_s: float) -> dict:
-        """:func:`orchestry.training.step_log.step_record`."""
+        """:func:`orchestry.training.magrpo.step_log.step_record`."""
         return step_log.step_record(self.cfg, step, episode, upd, gen_s, upd_s, total_s)
 
     def save_checkpoint(self, next_step: int) -> None:
-        """:func:`orchestry.training.checkpoints.save_checkpoint`."""
+        """:func:`orchestry.training.magrpo.checkpoints.save_checkpoint`."""
         checkpoints.save_checkpoint(self, next_step)
 
     def load_checkpoint(self) -> int:
-        """:func:`orchestry.training.checkpoints.load_checkpoint`."""
+        """:func:`orchestry.training.magrpo.checkpoints.load_checkpoint`."""
         return checkpoints.load_checkpoint(self)
 
     def save_adapters(self, out_dir: str | Path) -> list[Path]:
-        """:func:`orchestry.training.checkpoints.save_adapters`."""
+        """:func:`orchestry.training.magrpo.checkpoints.save_adapters`."""
         return checkpoints.save_adapters(self, out_dir)

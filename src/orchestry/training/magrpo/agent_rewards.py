@@ -9,7 +9,7 @@ import torch
 from orchestry.problems import Problem
 from orchestry.rewards.coach import coach_prompt, mix_rewards
 from orchestry.rewards.credit import counterfactual_credit
-from orchestry.training.common import ROLES, Trainer
+from orchestry.training.magrpo.common import ROLES, Trainer
 
 
 def agent_rewards(
