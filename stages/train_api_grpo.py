@@ -17,13 +17,14 @@ import mlflow
 from orchestry.algorithms.behaviors import LibraryError
 from orchestry.analysis.metrics import flat_numbers as _flat_numbers
 from orchestry.llm.backends import BackendConfigError, BackendError
+from orchestry.llm.clients import open_clients
 from orchestry.llm.cost import PriceError
 from orchestry.overrides import OverrideError, check_for_stage, read_overrides
 from orchestry.problems import read_problems
 from orchestry.runtime import OutputNotWritable, open_sandbox, run_stage, start_stage
 from orchestry.tracking.metric_names import api_grpo_summary_name, renamed
 from orchestry.tracking.runs import log_metrics, stage_run
-from orchestry.training.api_grpo import open_clients, run_api_grpo
+from orchestry.training.api_grpo import run_api_grpo
 from orchestry.training.api_grpo.setup import make_task, read_transfer
 
 OUT = "reports/api_grpo"

@@ -21,13 +21,13 @@ import mlflow
 from orchestry.analysis.metrics import quarter_comparison
 from orchestry.analysis.schemes import SCHEMES
 from orchestry.numerics import machine_info
+from orchestry.paths import repo_root
 from orchestry.problems import read_problems
 from orchestry.rewards.coach import open_coach
 from orchestry.runtime import (
     build_policy,
     open_sandbox,
     relaunch_under_accelerate,
-    repo_root,
     run_stage,
     stage_inputs_key,
     start_stage,

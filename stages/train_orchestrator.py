@@ -21,13 +21,14 @@ import mlflow
 
 from orchestry.analysis.metrics import flat_numbers as _flat_numbers
 from orchestry.llm.backends import BackendConfigError, BackendError
+from orchestry.llm.clients import open_clients
 from orchestry.llm.cost import PriceError
 from orchestry.overrides import OverrideError, check_for_orchestrator, read_overrides
 from orchestry.problems import read_problems
 from orchestry.runtime import OutputNotWritable, open_sandbox, run_stage, start_stage
 from orchestry.tracking.metric_names import orchestrator_summary_name, renamed
 from orchestry.tracking.runs import log_metrics, stage_run
-from orchestry.training.orchestrator import open_clients, run_orchestrator, task_reward_range
+from orchestry.training.orchestrator import run_orchestrator, task_reward_range
 
 OUT = "reports/orchestrator"
 POLICY = "models/orchestrator"

@@ -286,7 +286,7 @@ def test_rerun_with_same_params_makes_zero_server_calls(tmp_path, key, monkeypat
 def test_seeds_do_not_share_api_samples(tmp_path, key) -> None:
     """A sweep over api_grpo.seed: each seed gets its own samples; the same seed replays its own."""
     from orchestry.llm.backends import ChatRequest
-    from orchestry.training.api_grpo import open_clients
+    from orchestry.llm.clients import open_clients
 
     srv = FakeAnthropic(reply=lambda b: "sample", usage={"input_tokens": 10, "output_tokens": 5})
     req = ChatRequest((("user", "write inc"),), "be brief", 0, 16)

@@ -23,7 +23,7 @@ TRAIN = """
 import json, pathlib, sys, yaml
 import mlflow
 from orchestry.tracking.runs import stage_run
-from orchestry.runtime import repo_root
+from orchestry.paths import repo_root
 
 m = sys.argv[1]
 params = yaml.safe_load(open("params.yaml"))

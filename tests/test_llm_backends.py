@@ -29,6 +29,7 @@ from orchestry.llm.backends import (
 )
 from orchestry.llm.cache import CachedChat, ResponseCache, cache_key
 from orchestry.llm.chat import PromptTooLong
+from orchestry.llm.clients import open_clients
 from orchestry.llm.cost import (
     BudgetExceeded,
     CostTracker,
@@ -40,7 +41,6 @@ from orchestry.llm.cost import (
 )
 from orchestry.problems import make_problem
 from orchestry.runtime import write_jsonl
-from orchestry.training.api_grpo import open_clients
 
 REPO = Path(__file__).resolve().parents[1]
 HAIKU = price_for("claude-haiku-4-5")

@@ -97,7 +97,7 @@ def test_corrupt_cache_file_stops_the_stage_before_any_work(tmp_path) -> None:
     """The stage prints BackendConfigError as one `error:` line; a corrupt cache is one of them."""
     from orchestry.config import ApiGrpoParams, SamplingParams
     from orchestry.llm.backends import BackendConfigError
-    from orchestry.training.api_grpo import open_clients
+    from orchestry.llm.clients import open_clients
 
     path = tmp_path / "cache.sqlite"
     path.write_bytes(b"\xde\xad\xbe\xef" * 2048)

@@ -284,8 +284,8 @@ def _fake_run(
     tmp_path: Path, chat: FakeChat, out: str = "out", human: dict | None = None, **overrides
 ) -> dict:
     from orchestry.llm.cache import CachedChat, ResponseCache
+    from orchestry.llm.clients import Clients
     from orchestry.llm.cost import CostTracker
-    from orchestry.training.api_clients import Clients
 
     cfg = TrainOrchestratorParams(
         **{
@@ -428,8 +428,8 @@ def test_embedded_model_and_real_encoder_on_one_problem(tmp_path) -> None:
 def test_progress_bars_for_training_and_evaluation(tmp_path, monkeypatch, capsys) -> None:
     """ORCHESTRY_PROGRESS=1: a training bar (live mean reward per update) and an evaluation bar (episodes done)."""
     from orchestry.llm.cache import CachedChat, ResponseCache
+    from orchestry.llm.clients import Clients
     from orchestry.llm.cost import CostTracker
-    from orchestry.training.api_clients import Clients
 
     monkeypatch.setenv("ORCHESTRY_PROGRESS", "1")
     cfg = TrainOrchestratorParams(num_episodes=4, episodes_per_update=2, max_problems=2, max_problems_eval=2)

@@ -19,7 +19,7 @@ from orchestry.smoke import clean_env
 TRAIN = """
 import hashlib, json, os, pathlib, shutil, yaml
 from orchestry.tracking.runs import stage_run
-from orchestry.runtime import repo_root
+from orchestry.paths import repo_root
 
 params = yaml.safe_load(open("params.yaml"))
 with open(repo_root() / "train_executions.log", "a") as f:  # the real repository: proves the script ran

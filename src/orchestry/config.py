@@ -12,7 +12,7 @@ in the YAML file (at any depth, a repeated section included) is an error, not "t
 from __future__ import annotations
 
 from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -259,16 +259,34 @@ class ModelPrice(_Section):
     )
 
 
-class CoachParams(_Section):
+class ApiClientParams(_Section):
+    """What a section that talks to a chat model says about its clients (``train_magrpo.coach``, ``api_grpo``,
+    ``train_orchestrator``): the backend and model, the key, the budget and prices, the SDK's timeout, retries and
+    parallelism (:func:`orchestry.llm.clients.backend_options`). ``SECTION``: the section's name in params.yaml;
+    ``STAGE``: the stage whose spend ledger it opens."""
+
+    SECTION: ClassVar[str]
+    STAGE: ClassVar[str]
+
+    backend: Literal["local", "anthropic", "openai_compatible"] = Field(
+        "local", description="local: the frozen base model (model.path); or an API"
+    )
+    model: str | None = Field(None, description="API model id; local: a model folder (None: model.path)")
+    base_url: str | None = Field(None, description="server URL (required for openai_compatible, e.g. .../v1)")
+    api_key_env: str | None = Field(None, description="env var with the key (None: ANTHROPIC_API_KEY / none)")
+    budget_usd: float | None = Field(1.0, ge=0, le=1e6, description="hard spending cap (None: no cap)")
+    prices: dict[str, ModelPrice] = Field(default_factory=dict, description="per-model price overrides")
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds per API request (SDK timeout)")
+    max_retries: int = Field(4, ge=0, le=100, description="SDK retries on 429/5xx/connection errors")
+    concurrency: int = Field(4, ge=1, le=256, description="parallel API requests")
+    local_batch_size: int = Field(32, ge=1, le=4096, description="rows per generate call (local backend)")
+    seed: Seed = 0
+
+
+class CoachParams(ApiClientParams):
     """Coach process rewards (MAPPA, arXiv 2601.23228): a coach LLM scores each agent action 0-10."""
 
     enabled: bool = Field(False, description="mix the coach's process score into each agent's reward")
-    backend: Literal["local", "anthropic", "openai_compatible"] = Field(
-        "local", description="local: the frozen base model (model.path) as coach"
-    )
-    model: str | None = Field(None, description="API model id; local: a model folder (None: model.path)")
-    base_url: str | None = Field(None, description="openai_compatible: the server URL (.../v1)")
-    api_key_env: str | None = Field(None, description="env var with the key (None: ANTHROPIC_API_KEY / none)")
     w_process: float = Field(0.1, ge=0, le=1e3, description="weight of the 0-10 process score")
     w_outcome: float = Field(1.0, ge=0, le=1e3, description="weight of the outcome (level) reward")
     max_tokens: int = Field(48, ge=8, le=4096, description="tokens per coach answer")
@@ -279,14 +297,7 @@ class CoachParams(_Section):
     show_feedback: bool = Field(
         False, description="turns > 1: the next turn's prompts also carry the coach's feedback"
     )
-    budget_usd: float | None = Field(1.0, ge=0, le=1e6, description="hard cap on coach spending (None: none)")
-    prices: dict[str, ModelPrice] = Field(default_factory=dict, description="per-model price overrides")
     cache_path: Name = Field(".orchestry/coach_cache.sqlite", description="response cache (repo-relative)")
-    timeout_s: float = Field(60.0, gt=0, le=3600)
-    max_retries: int = Field(4, ge=0, le=100)
-    concurrency: int = Field(4, ge=1, le=256)
-    local_batch_size: int = Field(32, ge=1, le=4096, description="rows per generate call (local backend)")
-    seed: Seed = 0
 
     @model_validator(mode="after")
     def _weights(self) -> CoachParams:
@@ -617,11 +628,10 @@ class ApiGrpoResearchParams(_Section):
         return self
 
 
-class ApiGrpoParams(_Section):
-    backend: Literal["local", "anthropic", "openai_compatible"] = "local"
-    model: str | None = Field(None, description="API model id; local: a model folder (None: model.path)")
-    base_url: str | None = Field(None, description="server URL (required for openai_compatible, e.g. .../v1)")
-    api_key_env: str | None = Field(None, description="env var with the key (None: ANTHROPIC_API_KEY / none)")
+class ApiGrpoParams(ApiClientParams):
+    SECTION: ClassVar[str] = "api_grpo"
+    STAGE: ClassVar[str] = "train_api_grpo"
+
     task: Literal["code_collaboration", "code_review", "story", "documentation", "research_synthesis"] = (
         "code_collaboration"
     )
@@ -649,11 +659,9 @@ class ApiGrpoParams(_Section):
     story: ApiGrpoStoryParams = ApiGrpoStoryParams()
     documentation: ApiGrpoDocumentationParams = ApiGrpoDocumentationParams()
     research: ApiGrpoResearchParams = ApiGrpoResearchParams()
-    budget_usd: float | None = Field(1.0, ge=0, le=1e6, description="hard spending cap (None: no cap)")
     eval_budget_fraction: float = Field(
         0.3, ge=0, lt=1, description="share of the budget kept for the test eval"
     )
-    prices: dict[str, ModelPrice] = Field(default_factory=dict, description="per-model price overrides")
     max_tokens: int | None = Field(80, ge=1, le=8192, description="tokens per call (None: sampling's)")
     temperature: float | None = Field(
         None, ge=0, le=2, description="None: sampling's (anthropic: model default)"
@@ -664,16 +672,14 @@ class ApiGrpoParams(_Section):
     )
     eval_samples: int = Field(1, ge=1, le=1000, description="episodes per test problem and arm")
     cache_path: Name = Field(".orchestry/api_grpo_cache.sqlite", description="response cache (repo-relative)")
-    timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds per API request (SDK timeout)")
-    max_retries: int = Field(4, ge=0, le=100, description="SDK retries on 429/5xx/connection errors")
-    concurrency: int = Field(4, ge=1, le=256, description="parallel API requests")
-    local_batch_size: int = Field(32, ge=1, le=4096, description="rows per generate call (local backend)")
     preflight: bool = Field(True, description="check key and server before any work")
-    seed: Seed = 0
 
 
-class TrainOrchestratorParams(_Section):
+class TrainOrchestratorParams(ApiClientParams):
     """Learned orchestrator (Puppeteer, arXiv 2505.19591): REINFORCE over which agent acts next."""
+
+    SECTION: ClassVar[str] = "train_orchestrator"
+    STAGE: ClassVar[str] = "train_orchestrator"
 
     agents: list[Name] = Field(
         default_factory=lambda: ["helper", "main", "tester", "fixer", "reviewer"],
@@ -685,13 +691,7 @@ class TrainOrchestratorParams(_Section):
         description="fixed cost per call of an agent, in the cost unit (a tool's only cost; model agents also "
         "pay their tokens/USD)",
     )
-    backend: Literal["local", "anthropic", "openai_compatible"] = "local"
-    model: str | None = Field(None, description="API model id; local: a model folder (None: model.path)")
-    base_url: str | None = Field(None, description="server URL (required for openai_compatible)")
-    api_key_env: str | None = Field(None, description="env var with the key (None: ANTHROPIC_API_KEY / none)")
-    budget_usd: float | None = Field(1.0, ge=0, le=1e6, description="hard spending cap (None: no cap)")
     eval_budget_fraction: float = Field(0.3, ge=0, lt=1, description="share of the budget kept for the eval")
-    prices: dict[str, ModelPrice] = Field(default_factory=dict, description="per-model price overrides")
     max_tokens: int = Field(96, ge=1, le=8192, description="completion tokens per agent call")
     temperature: float | None = Field(
         None, ge=0, le=2, description="None: sampling's (anthropic: model default)"
@@ -705,10 +705,6 @@ class TrainOrchestratorParams(_Section):
         ".orchestry/orchestrator_embeddings.sqlite", description="state-embedding cache (repo-relative)"
     )
     encoder_max_length: int = Field(256, ge=8, le=512, description="tokens per text the state encoder reads")
-    timeout_s: float = Field(60.0, gt=0, le=3600, description="seconds per API request")
-    max_retries: int = Field(4, ge=0, le=100, description="retries on 429/5xx/connection errors")
-    concurrency: int = Field(4, ge=1, le=256, description="parallel API requests")
-    local_batch_size: int = Field(32, ge=1, le=4096, description="rows per generate call (local backend)")
     preflight: bool = Field(True, description="check key and server before any work")
     cost_unit: Literal["tokens", "usd"] = Field(
         "tokens", description="c_t: prompt + completion tokens, or USD, of a call (+ the agent's call cost)"
@@ -731,7 +727,6 @@ class TrainOrchestratorParams(_Section):
     episodes_per_update: int = Field(12, ge=1, le=4096, description="episodes (in lockstep) per update")
     max_problems: int = Field(2, ge=1, le=BIG, description="train problems (the first, seeded order)")
     max_problems_eval: int = Field(4, ge=1, le=BIG, description="test problems of the evaluation")
-    seed: Seed = 0
 
     _agents_unique = field_validator("agents")(_unique)
 

@@ -208,11 +208,6 @@ def cpu_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def repo_root() -> Path:
-    """``DVC_ROOT`` if set, else the current working directory."""
-    return Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
-
-
 def load_policy(
     params: Params, with_adapters: str | None = None, agents: tuple[str, ...] = ("helper", "main")
 ):

@@ -14,7 +14,7 @@ from orchestry.cli.common import Debug, _errors
 def _default_caches(params: Path | None) -> list[Path]:
     """The response caches named in params (``api_grpo.cache_path``, ``train_orchestrator.cache_path``)."""
     from orchestry.cli.common import _load_params
-    from orchestry.training.api_clients import resolve_path
+    from orchestry.paths import resolve_path
 
     cfg = _load_params(params)
     return list(

@@ -129,7 +129,7 @@ def ui(
     import threading
 
     from orchestry.evaluation.scoring import FileOptionError
-    from orchestry.runtime import repo_root
+    from orchestry.paths import repo_root
     from orchestry.tracking.runs import runs_table_url, set_runs_view, ui_base
     from orchestry.tracking.runs import tracking_uri as default_uri
 

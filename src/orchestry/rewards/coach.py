@@ -212,18 +212,16 @@ def open_coach(cfg, model_path: str = "models/base", model_dtype: str = "float32
         cfg: :class:`orchestry.config.CoachParams`. cache_path: ``None``: ``cfg.cache_path`` under the repo root.
 
     Raises:
-        BackendConfigError, PriceError: see :func:`orchestry.training.api_grpo.setup.open_clients`.
+        BackendConfigError, PriceError: see :func:`orchestry.llm.clients.open_clients`.
     """
     from orchestry.llm.backends import make_backend
     from orchestry.llm.cache import CachedChat, ResponseCache
+    from orchestry.llm.clients import backend_options
     from orchestry.llm.cost import CostTracker, require_price
-    from orchestry.runtime import repo_root
+    from orchestry.paths import repo_root
 
     local = cfg.backend == "local"
-    backend = make_backend(cfg.backend, cfg.model, base_url=cfg.base_url, api_key_env=cfg.api_key_env,
-                           timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, concurrency=cfg.concurrency,
-                           seed=cfg.seed, local_model_path=model_path, local_dtype=model_dtype,
-                           local_batch_size=cfg.local_batch_size)  # fmt: skip
+    backend = make_backend(cfg.backend, cfg.model, **backend_options(cfg, model_path, model_dtype))
     backend.price = require_price(backend.model, cfg.prices, local, cfg.budget_usd)
     if not local:
         backend.preflight()

@@ -54,7 +54,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestry.runtime import repo_root
+from orchestry.paths import repo_root
 
 log = logging.getLogger("orchestry.tracking.runs")
 

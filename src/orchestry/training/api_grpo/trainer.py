@@ -2,7 +2,7 @@
 
 ``run_api_grpo`` is what the ``train_api_grpo`` stage calls:
 
-1. **clients** (:func:`open_clients`, :mod:`orchestry.training.api_grpo.setup`, before any other work):
+1. **clients** (:func:`orchestry.llm.clients.open_clients`, before any other work):
    backend from ``api_grpo.backend`` (a missing key, ``base_url`` or price, or an unreachable server raises
    here), behind the sqlite response cache and the cost tracker with the hard budget (training may spend
    ``1 - eval_budget_fraction`` of it; the rest is kept for the evaluation);
@@ -63,14 +63,15 @@ from orchestry.algorithms.behaviors import (
     extract_behaviors,
 )
 from orchestry.llm.backends import ChatRequest
+from orchestry.llm.clients import Clients, open_clients
 from orchestry.llm.cost import BudgetExceeded
 from orchestry.overrides import Override, apply_override, trajectory_id
+from orchestry.paths import repo_relative
 from orchestry.problems import Problem
 from orchestry.progress import progress_bar
 from orchestry.rewards.judge import Judge, judge_agreement, judge_prompt
 from orchestry.runtime import OutputNotWritable, check_writable
 from orchestry.tasks.common import Turn
-from orchestry.training.api_clients import repo_relative
 from orchestry.training.api_grpo.outputs import (
     compare_arms,
     compare_transfer,
@@ -78,7 +79,7 @@ from orchestry.training.api_grpo.outputs import (
     override_summary,
     write_run_files,
 )
-from orchestry.training.api_grpo.setup import TASK_ROLES, Clients, make_task, open_clients, read_transfer
+from orchestry.training.api_grpo.setup import TASK_ROLES, make_task, read_transfer
 
 if TYPE_CHECKING:
     from orchestry.config import ApiGrpoParams, SamplingParams

@@ -2,13 +2,12 @@
 environment of episodes and fixed pipelines (:mod:`.env`)."""
 
 from orchestry.training.orchestrator.env import Episode, FixedPipeline, OrchestratorEnv, transition_counts
-from orchestry.training.orchestrator.trainer import open_clients, run_orchestrator, task_reward_range
+from orchestry.training.orchestrator.trainer import run_orchestrator, task_reward_range
 
 __all__ = [
     "Episode",
     "FixedPipeline",
     "OrchestratorEnv",
-    "open_clients",
     "run_orchestrator",
     "task_reward_range",
     "transition_counts",

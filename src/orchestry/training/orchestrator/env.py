@@ -34,8 +34,8 @@ from orchestry.tasks.agent_pool import (
 )
 
 if TYPE_CHECKING:
+    from orchestry.llm.clients import Clients
     from orchestry.llm.encoder import SentenceEncoder
-    from orchestry.training.api_clients import Clients
 
 N_SCALARS = 10  # numeric state features besides the embeddings and the one-hot/count blocks
 
@@ -45,7 +45,7 @@ class OrchestratorEnv:
     """Episodes of the agent pool on problems, stepped in lockstep (one batched model call per step).
 
     Args:
-        agents: the pool (``terminate`` is added as the last action). clients: from :func:`orchestry.training.orchestrator.open_clients`.
+        agents: the pool (``terminate`` is added as the last action). clients: from :func:`orchestry.llm.clients.open_clients`.
         scorer: the memoised level reward (tester and final reward). encoder: the state encoder (``None``:
             :meth:`observe` unavailable -- fixed pipelines need none).
         cost_unit: ``tokens`` (c_t = prompt + completion tokens + call_cost) or ``usd`` (c_t = USD + call_cost).

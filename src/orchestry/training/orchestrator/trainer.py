@@ -2,10 +2,10 @@
 
 ``run_orchestrator`` is what the ``train_orchestrator`` stage calls:
 
-1. **clients** (:func:`open_clients`, before any other work): the chat backend named in params (local model by
+1. **clients** (before any other work): the chat backend named in params (local model by
    default, ``anthropic`` or ``openai_compatible``) behind the sqlite response cache and the cost tracker with
    its hard USD budget (training may spend ``1 - eval_budget_fraction`` of it), set up as API-GRPO's is
-   (:mod:`orchestry.training.api_clients`);
+   (:func:`orchestry.llm.clients.open_clients`);
 2. **environment** (:class:`OrchestratorEnv`, :mod:`orchestry.training.orchestrator.env`): episodes on problems,
    the agent pool of :mod:`orchestry.tasks.agent_pool`; the state vector S_t = [encoder(task), encoder(history),
    step, cost so far, last tester reward, ...] with the offline MiniLM encoder (:mod:`orchestry.llm.encoder`); the
@@ -44,24 +44,16 @@ from orchestry.algorithms.orchestrator import (
     step_rewards,
 )
 from orchestry.analysis.metrics import mean_ci
-from orchestry.llm.backends import BackendConfigError, make_backend
-from orchestry.llm.cache import CachedChat, ResponseCache
-from orchestry.llm.cost import BudgetExceeded, require_price
+from orchestry.llm.clients import Clients, open_clients
+from orchestry.llm.cost import BudgetExceeded
 from orchestry.overrides import ORCHESTRATOR_MAX_REWARD, Override, apply_override, orchestrator_episode_id
+from orchestry.paths import resolve_path
 from orchestry.problems import Problem
 from orchestry.progress import progress_bar
 from orchestry.runtime import check_writable
 from orchestry.tasks.agent_pool import (
     LevelScorer,
     make_agents,
-)
-from orchestry.training.api_clients import (
-    Clients,
-    backend_options,
-    open_budget,
-    resolve_path,
-    sampling_settings,
-    training_tracker,
 )
 from orchestry.training.orchestrator.env import (
     Episode,
@@ -86,40 +78,6 @@ TRAIN_FIELDS = [
     "objective", "return", "success", "passed", "total_asserts", "has_cycle",
 ]  # fmt: skip
 EVAL_FIELDS = ["method", *TRAIN_FIELDS[2:]]
-
-
-# ---- clients ---------------------------------------------------------------------------------------------------
-def open_clients(
-    cfg: TrainOrchestratorParams,
-    sampling: SamplingParams,
-    model_path: str = "models/base",
-    model_dtype: str = "float32",
-    cache_path: str | Path | None = None,
-) -> Clients:
-    """Backend, response cache and cost tracker; every misconfiguration raises here, before any work.
-
-    Order of checks: model name, API key (:class:`BackendConfigError` naming the variable), price
-    (:class:`orchestry.llm.cost.PriceError` naming the prices parameter), server reachability (``preflight``),
-    then the cache file.
-    """
-    local = cfg.backend == "local"
-    if not local and not cfg.model:
-        raise BackendConfigError(
-            f"the {cfg.backend} backend needs a model name: set train_orchestrator.model"
-        )
-    backend = make_backend(cfg.backend, cfg.model, **backend_options(cfg, model_path, model_dtype))
-    backend.price = require_price(backend.model, cfg.prices, local, cfg.budget_usd)
-    if cfg.preflight:
-        backend.preflight()
-    tracker = training_tracker(cfg, "train_orchestrator")
-    cache = ResponseCache(cache_path or resolve_path(cfg.cache_path))
-    try:
-        open_budget(tracker, cache, "train_orchestrator", cfg, sampling)
-    except BaseException:
-        cache.close()
-        raise
-    temperature, top_p = sampling_settings(cfg, sampling)
-    return Clients(CachedChat(backend, cache, tracker), tracker, cache, cfg.max_tokens, temperature, top_p)
 
 
 # ---- human overrides -------------------------------------------------------------------------------------------

@@ -1,10 +1,8 @@
-"""What the two API-model loops (API-GRPO and the learned orchestrator) share when they open their clients.
-
-Paths relative to the repository root, the options every chat backend of a run is made with, the cost tracker
-with the training share of the hard budget and its spend ledger (:func:`open_budget`: the budget covers the
-experiment across runs), and the sampling settings sent to the backend. Each loop's
-``open_clients`` (:mod:`orchestry.training.api_grpo.setup`, :mod:`orchestry.training.orchestrator`) builds
-on these.
+"""The clients of the loops that talk to a chat model (API-GRPO and the learned orchestrator), opened by one
+:func:`open_clients`: the backend(s) behind the response cache and the cost tracker with the training share of the
+hard budget and its spend ledger (:func:`open_budget`: the budget covers the experiment across runs), and the
+sampling settings sent to the backend. :func:`backend_options` are the keyword arguments every chat backend of a
+section is made with (the coach's too).
 """
 
 from __future__ import annotations
@@ -14,14 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestry.llm.cache import budget_scope
-from orchestry.llm.cost import WARN_FRACTION, CostTracker
+from orchestry.llm.backends import BackendConfigError, make_backend
+from orchestry.llm.cache import CachedChat, ResponseCache, budget_scope
+from orchestry.llm.cost import WARN_FRACTION, CostTracker, require_price
+from orchestry.paths import repo_relative, resolve_path
 
-log = logging.getLogger("orchestry.training.api_clients")
+log = logging.getLogger("orchestry.llm.clients")
 
 if TYPE_CHECKING:
-    from orchestry.config import ApiGrpoParams, SamplingParams, TrainOrchestratorParams
-    from orchestry.llm.cache import CachedChat, ResponseCache
+    from orchestry.config import ApiClientParams, ApiGrpoParams, SamplingParams, TrainOrchestratorParams
 
 
 @dataclass
@@ -45,29 +44,9 @@ class Clients:
             getattr(c, "close", lambda: None)()
 
 
-def resolve_path(path: str | Path) -> Path:
-    """``path`` relative to the repository root (``DVC_ROOT`` in DVC experiments), absolute kept."""
-    from orchestry.runtime import repo_root
-
-    p = Path(path)
-    return p if p.is_absolute() else repo_root() / p
-
-
-def repo_relative(path: str | Path) -> str:
-    """The inverse of :func:`resolve_path`: ``path`` relative to the repository root when it lies inside it (so
-    the metrics a stage writes do not depend on where the repository was cloned), else as given."""
-    from orchestry.runtime import repo_root
-
-    try:
-        return Path(path).resolve().relative_to(repo_root()).as_posix()
-    except ValueError:
-        return str(path)
-
-
-def backend_options(
-    cfg: ApiGrpoParams | TrainOrchestratorParams, model_path: str, model_dtype: str
-) -> dict[str, Any]:
-    """The keyword arguments of :func:`orchestry.llm.backends.make_backend` that come from the loop's params."""
+def backend_options(cfg: ApiClientParams, model_path: str, model_dtype: str) -> dict[str, Any]:
+    """The keyword arguments of :func:`orchestry.llm.backends.make_backend` that come from a section's client
+    params (``api_grpo``, ``train_orchestrator``, ``train_magrpo.coach``)."""
     return dict(
         base_url=cfg.base_url,
         api_key_env=cfg.api_key_env,
@@ -81,11 +60,11 @@ def backend_options(
     )
 
 
-def training_tracker(cfg: ApiGrpoParams | TrainOrchestratorParams, section: str = "api_grpo") -> CostTracker:
+def training_tracker(cfg: ApiGrpoParams | TrainOrchestratorParams) -> CostTracker:
     """The run's cost tracker: the hard budget (``<section>.budget_usd``), of which training may spend
     ``1 - eval_budget_fraction``."""
     limit = None if cfg.budget_usd is None else cfg.budget_usd * (1 - cfg.eval_budget_fraction)
-    return CostTracker(budget_usd=cfg.budget_usd, limit_usd=limit, param=f"{section}.budget_usd")
+    return CostTracker(budget_usd=cfg.budget_usd, limit_usd=limit, param=f"{cfg.SECTION}.budget_usd")
 
 
 def open_budget(
@@ -149,3 +128,56 @@ def sampling_settings(
     temperature = cfg.temperature if cfg.temperature is not None else sampling.temperature
     top_p = cfg.top_p if cfg.top_p is not None else sampling.top_p
     return temperature, top_p
+
+
+def open_clients(
+    cfg: ApiGrpoParams | TrainOrchestratorParams,
+    sampling: SamplingParams,
+    model_path: str = "models/base",
+    model_dtype: str = "float32",
+    cache_path: str | Path | None = None,
+) -> Clients:
+    """The clients of the ``api_grpo`` or ``train_orchestrator`` section ``cfg`` (its judge too, where it has one
+    enabled: API-GRPO's); every misconfiguration raises here, before any work.
+
+    Order of checks: model name, API key (``BackendConfigError`` naming the variable), price
+    (``PriceError`` naming ``<section>.prices``), server reachability (``preflight``), then the cache file and
+    its spend ledger (what earlier runs of this experiment spent counts against the budget: :func:`open_budget`).
+
+    Raises:
+        BackendConfigError, PriceError: see above.
+    """
+    local = cfg.backend == "local"
+    if not local and not cfg.model:
+        raise BackendConfigError(f"the {cfg.backend} backend needs a model name: set {cfg.SECTION}.model")
+    common = backend_options(cfg, model_path, model_dtype)
+    policy = make_backend(cfg.backend, cfg.model, **common)
+    policy.price = require_price(policy.model, cfg.prices, local, cfg.budget_usd)
+    judge = getattr(cfg, "judge", None)  # API-GRPO's LLM judge; the orchestrator has none
+    judge_backend = None
+    if judge is not None and judge.enabled:
+        if judge.model and judge.model != cfg.model:
+            judge_backend = make_backend(
+                cfg.backend, judge.model, shared_local=policy if local else None, **common
+            )
+            judge_backend.price = require_price(judge_backend.model, cfg.prices, local, cfg.budget_usd)
+        else:
+            judge_backend = policy
+    if cfg.preflight:
+        policy.preflight()
+        if judge_backend is not None and judge_backend is not policy:
+            judge_backend.preflight()
+    tracker = training_tracker(cfg)
+    cache = ResponseCache(cache_path or resolve_path(cfg.cache_path))
+    try:
+        open_budget(tracker, cache, cfg.STAGE, cfg, sampling)
+    except BaseException:
+        cache.close()
+        raise
+    chat = CachedChat(policy, cache, tracker)
+    judge_chat = None
+    if judge_backend is not None:
+        judge_chat = chat if judge_backend is policy else CachedChat(judge_backend, cache, tracker)
+    temperature, top_p = sampling_settings(cfg, sampling)
+    max_tokens = cfg.max_tokens or sampling.max_completion_length
+    return Clients(chat, tracker, cache, max_tokens, temperature, top_p, judge_chat)
