@@ -607,7 +607,7 @@ class LocalChat(_Base):
                         completion_tokens=g.completion_tokens,
                         usd=0.0,
                         seconds=seconds,
-                        stop_reason="length" if g.completion_tokens >= max_tokens else "stop",
+                        stop_reason="length" if g.truncated else "stop",
                     )
         return results  # type: ignore[return-value]
 

@@ -237,12 +237,14 @@ class Generation:
         text: decoded completion (special tokens removed).
         prompt_tokens / completion_tokens: counts (tokens).
         row: index of this row in the padded batch returned by :func:`generate`.
+        truncated: the completion reached ``max_new_tokens`` (cut by the token limit, set by :func:`generate`).
     """
 
     text: str
     prompt_tokens: int
     completion_tokens: int
     row: int
+    truncated: bool = False
 
 
 @dataclass
@@ -797,6 +799,7 @@ def generate(
                 prompt_tokens=int(enc["attention_mask"][i].sum()),
                 completion_tokens=n,
                 row=i,
+                truncated=n >= max_new_tokens,
             )
         )
     return GenerationBatch(out, attn, width, items, time.time() - t0)

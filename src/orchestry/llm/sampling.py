@@ -141,10 +141,8 @@ def sample_texts(
             seed=seed + start,
         )
         per_row = b.seconds / max(1, len(chunk))
-        limit = sampling.max_completion_length
         out += [
-            SampledText(i.text, i.prompt_tokens, i.completion_tokens, per_row, i.completion_tokens >= limit)
-            for i in b.items
+            SampledText(i.text, i.prompt_tokens, i.completion_tokens, per_row, i.truncated) for i in b.items
         ]
         if bar is not None:
             bar.update(1)

@@ -73,11 +73,17 @@ class Rollout:
     shared_prompt: bool = True  # the G rows of a problem share one prompt (turn 1); later turns: one per row
     metrics: dict = field(default_factory=dict)  # this rollout's step metrics (coach, credit)
 
+    @staticmethod
+    def row_of(n: int, a: int, g: int, agents: int, G: int) -> int:
+        """The batch row of problem ``n``, agent ``a`` (of ``agents``) and generation ``g`` (of ``G``): the one
+        place the layout [problem n][agent a][generation g] is written (also for batches not yet a rollout)."""
+        return (n * agents + a) * G + g
+
     def rows(self, agent: str | int) -> list[int]:
         """Batch rows of ``agent`` (its name, or its index in ``agents``), ordered [problem n][generation g]."""
         a = agent if isinstance(agent, int) else self.agents.index(agent)
         k = len(self.agents)
-        return [(n * k + a) * self.G + g for n in range(len(self.problems)) for g in range(self.G)]
+        return [self.row_of(n, a, g, k, self.G) for n in range(len(self.problems)) for g in range(self.G)]
 
     def reward_of(self, agent: str) -> torch.Tensor:
         """``[N, G]`` rewards that ``agent``'s advantage comes from."""

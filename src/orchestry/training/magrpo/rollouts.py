@@ -63,8 +63,9 @@ def rollout(
         seed = step_seed(tr, step, RESAMPLE_SEED * attempt)
     batch = generate_rows(tr, prompts, adapters, seed)
     t0 = time.time()
+    k = len(AGENTS)
     samples = [
-        (p, batch.items[(n * 2 + 0) * G + g], batch.items[(n * 2 + 1) * G + g])
+        (p, batch.items[Rollout.row_of(n, 0, g, k, G)], batch.items[Rollout.row_of(n, 1, g, k, G)])
         for n, p in enumerate(problems)
         for g in range(G)
     ]
@@ -90,13 +91,12 @@ def score_pairs(
     truncation), the per-agent rewards ``{agent: [B]}`` (None: shared) and the metrics of
     :func:`orchestry.training.magrpo.agent_rewards.agent_rewards`. ``previous``: the samples' records of the turn before
     (the coach's earlier feedback)."""
-    limit = tr.sampling.max_completion_length
     probs = [s[0] for s in samples]
     helpers, mains = [s[1].text for s in samples], [s[2].text for s in samples]
     if tr.reward_fn is not None:
         results = tr.reward_fn(probs, helpers, mains)
     else:
-        truncated = [h.completion_tokens >= limit or m.completion_tokens >= limit for _, h, m in samples]
+        truncated = [h.truncated or m.truncated for _, h, m in samples]
         results = level_rewards(probs, helpers, mains, tr.sandbox, truncated=truncated)
     details = []
     for i, r in enumerate(results):
@@ -106,9 +106,9 @@ def score_pairs(
         d.update(
             helper_tokens=h.completion_tokens,
             main_tokens=m.completion_tokens,
-            helper_truncated=h.completion_tokens >= limit,
-            main_truncated=m.completion_tokens >= limit,
-            truncated=h.completion_tokens >= limit or m.completion_tokens >= limit,
+            helper_truncated=h.truncated,
+            main_truncated=m.truncated,
+            truncated=h.truncated or m.truncated,
             attempt=attempt,
             turn=turn,
         )

@@ -50,7 +50,7 @@ def replace_groups(ro: Rollout, new: Rollout, pairs: list[tuple[int, int]]) -> R
             raise ValueError(f"group {n} ({ro.problems[n].task_id}) replaced by another problem")
         for a in range(n_agents):
             for g in range(G):
-                source[(n * n_agents + a) * G + g] = offset + (j * n_agents + a) * G + g
+                source[Rollout.row_of(n, a, g, n_agents, G)] = offset + Rollout.row_of(j, a, g, n_agents, G)
         rewards[n] = new.rewards[j]
         if agent_rewards is not None:
             for a in agent_rewards:

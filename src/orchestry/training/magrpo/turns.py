@@ -56,12 +56,15 @@ def next_turn(tr: Trainer, prev: Rollout, step: int, turn: int) -> Rollout | Non
     items = [Generation("", 0, 0, i) for i in range(B)]
     for j, (n, g) in enumerate(todo):
         for a in range(k):
-            src, dst = j * k + a, (n * k + a) * G + g
+            src, dst = j * k + a, Rollout.row_of(n, a, g, k, G)
             seqs[dst], mask[dst] = sub.sequences[src], sub.attention_mask[src]
             items[dst] = replace(sub.items[src], row=dst)
     batch = GenerationBatch(seqs, mask, sub.prompt_width, items, sub.seconds)
     t0 = time.time()
-    samples = [(prev.problems[n], items[(n * k) * G + g], items[(n * k + 1) * G + g]) for n, g in todo]
+    samples = [
+        (prev.problems[n], items[Rollout.row_of(n, 0, g, k, G)], items[Rollout.row_of(n, 1, g, k, G)])
+        for n, g in todo
+    ]
     previous = [prev.details[n * G + g] for n, g in todo]
     details_new, flat, metrics = score_pairs(tr, samples, [g for _, g in todo], turn=turn, previous=previous)
     rewards = prev.rewards.clone()

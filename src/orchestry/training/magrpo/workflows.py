@@ -70,7 +70,7 @@ def workflow_rollout(
                     for p, w, r in zip(probs, w_texts, reports, strict=True)], adapters[2], 2 * TURN_SEED)  # fmt: skip
     f_texts = [i.text for i in fixer.items]
     batches = dict(zip(names, (writer, tester, fixer), strict=True))
-    cut = [[b.items[i].completion_tokens >= limit for b in batches.values()] for i in range(len(probs))]
+    cut = [[b.items[i].truncated for b in batches.values()] for i in range(len(probs))]
     t0 = time.time()
     results = wtf.workflow_rewards(probs, f_texts, sandbox, truncated=[any(c) for c in cut])
     seconds += time.time() - t0
@@ -83,7 +83,7 @@ def workflow_rollout(
                  turn=0, reward_seconds=seconds)  # fmt: skip
         for a, b in batches.items():
             d[f"{a}_tokens"] = b.items[i].completion_tokens
-            d[f"{a}_truncated"] = b.items[i].completion_tokens >= limit
+            d[f"{a}_truncated"] = b.items[i].truncated
         details.append(d)
     return batches, details, reports
 
