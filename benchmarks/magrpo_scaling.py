@@ -97,7 +97,7 @@ def run_point(point: dict, steps: int, threads: int) -> None:
     torch.manual_seed(0)
     random.seed(0)
     from orchestry.config import SamplingParams, TrainMagrpoParams
-    from orchestry.llm.local import attach_adapters, load_model, load_tokenizer
+    from orchestry.llm.loading import attach_adapters, load_model, load_tokenizer
     from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
 
     shape = point.get("shape")

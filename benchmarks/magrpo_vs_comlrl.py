@@ -98,7 +98,7 @@ def bench_reward(problems, helpers, mains, sandbox) -> list:
 
 def _plain_tokenizer():
     """Our tokenizer with the chat template removed: ``chat_prompt`` then renders ``system\\n\\nuser\\n``."""
-    from orchestry.llm.local import load_tokenizer
+    from orchestry.llm.loading import load_tokenizer
 
     tok = load_tokenizer(MODEL)
     tok.chat_template = None
@@ -284,7 +284,7 @@ def run_ours(n_problems: int, per_update: int, threads: int, decode_dtype: str =
     from orchestry.llm.decoding import use_products
 
     decode_bf16 = use_products("onednn", decode_dtype)  # model.decode_dtype
-    from orchestry.llm.local import attach_adapters, load_model
+    from orchestry.llm.loading import attach_adapters, load_model
     from orchestry.numerics import cpu_bf16_supported
     from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
 

@@ -50,7 +50,7 @@ def main() -> None:
 
     apply_numerics(args.numerics)  # before torch computes anything
     from orchestry.doctor import fingerprint, first_difference, gradient_trace
-    from orchestry.numerics import machine_info
+    from orchestry.runtime import machine_info
 
     if not (args.model / "config.json").exists():
         ap.error(f"--model {args.model}: no model there (run `dvc repro prepare` first)")

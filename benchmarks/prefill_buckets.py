@@ -39,12 +39,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
+    import orchestry.llm.loading as LD
     import orchestry.llm.local as L
     from orchestry.evaluation.baselines import _revise_helper_prompt, _revise_main_prompt
     from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, load_problems
     from orchestry.rewards.code import extract_code
 
-    model, tok = L.load_model(ROOT / "models" / "base")
+    model, tok = LD.load_model(ROOT / "models" / "base")
     ps = load_problems(ROOT / "data" / "problems" / "test.jsonl")
     with open(ROOT / "reports" / "baselines" / "concat.jsonl") as f:
         drafts = {r["task_id"]: r for r in map(json.loads, f)}

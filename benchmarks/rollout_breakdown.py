@@ -53,7 +53,7 @@ def generate_parts(model, tok, prompts, adapters, calls: int, dtypes=("float32",
     _timed(D.LlamaDecoder, "step", totals, "steps")
     _timed(L.NucleusSampler, "draw", totals, "sampler")
     enc = tok(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
-    first, _ = L._prompt_groups(enc["input_ids"], enc["attention_mask"], adapters)
+    first, _ = L.prompt_groups(enc["input_ids"], enc["attention_mask"], adapters)
     lengths = enc["attention_mask"][first, :-1].sum(dim=1).tolist()
     padded = sum(len(b) * max(lengths[j] for j in b) for b in L._prefill_buckets(lengths))
     print(

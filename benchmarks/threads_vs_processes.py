@@ -36,7 +36,8 @@ def main() -> None:
 
     import torch
 
-    from orchestry.llm.local import chat_prompt, load_model
+    from orchestry.llm.loading import load_model
+    from orchestry.llm.local import chat_prompt
     from orchestry.llm.sampling import sample_texts
     from orchestry.numerics import cpu_line
     from orchestry.params_file import load_params

@@ -19,7 +19,7 @@ AVX-512 machine. ``--casts per-pass`` makes the bf16 casts of the frozen weights
 
 Prints one line per run: the seconds, the padded positions the epoch's forward passes computed, each agent's mean
 token loss, a checksum of the LoRA weights (equal lines mean the same adapters) and the machine
-(:func:`orchestry.numerics.machine_info`: CPU model, flags, torch's kernel level, threads).
+(:func:`orchestry.runtime.machine_info`: CPU model, flags, torch's kernel level, threads).
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ import contextlib
 import time
 import types
 
-from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
-from orchestry.runtime import build_policy, start_stage
+from orchestry.runtime import build_policy, machine_info, start_stage
 from orchestry.training.magrpo import warm_start as ws
 
 

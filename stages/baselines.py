@@ -20,11 +20,11 @@ from orchestry.evaluation.baselines import run_method
 from orchestry.fingerprint import folder_fingerprint, package_fingerprint
 from orchestry.llm.decoding import decode_numerics
 from orchestry.llm.sampling import SampleCache
-from orchestry.numerics import machine_info
 from orchestry.paths import repo_root
 from orchestry.problems import read_problems
 from orchestry.runtime import (
     load_policy,
+    machine_info,
     open_sandbox,
     run_stage,
     start_stage,
@@ -47,7 +47,7 @@ def sample_cache(params) -> SampleCache:
     """The bare model's store of sampled completions (:class:`orchestry.llm.sampling.SampleCache`) in
     ``.orchestry/samples/`` of the repository (:func:`orchestry.paths.repo_root`; git-ignored, outside DVC,
     safe to delete). Its identity: the model folder's fingerprint, ``model.dtype`` and ``model.load_in_4bit``,
-    the decoder's resolved numerics, the machine record (:func:`orchestry.numerics.machine_info`) and the code's
+    the decoder's resolved numerics, the machine record (:func:`orchestry.runtime.machine_info`) and the code's
     fingerprint, so a change to any of them, or to the call, decodes anew. Call after ``start_stage``."""
     model = Path(params.model.path)
     identity = {

@@ -17,11 +17,11 @@ from orchestry.evaluation.agents import (
     score_pairs,
     trained_minus_base,
 )
-from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.runtime import (
     inputs_key,
     load_policy,
+    machine_info,
     open_sandbox,
     read_jsonl,
     run_stage,

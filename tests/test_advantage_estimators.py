@@ -18,7 +18,8 @@ from orchestry.algorithms.magrpo import (
     running_baseline,
 )
 from orchestry.config import ADVANTAGE_ESTIMATORS, SamplingParams, TrainMagrpoParams
-from orchestry.llm.local import Generation, GenerationBatch, attach_adapters
+from orchestry.llm.loading import attach_adapters
+from orchestry.llm.local import Generation, GenerationBatch
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout

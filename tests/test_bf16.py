@@ -14,10 +14,12 @@ import torch
 import orchestry.numerics as N
 import orchestry.training.magrpo.trainer as M
 from orchestry.config import SamplingParams, TrainMagrpoParams
-from orchestry.llm.local import Generation, GenerationBatch, attach_adapters
+from orchestry.llm.loading import attach_adapters
+from orchestry.llm.local import Generation, GenerationBatch
 from orchestry.params_file import ParamsError, load_params
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
+from orchestry.runtime import machine_info
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -231,9 +233,9 @@ def test_decode_dtype_resolution_follows_the_hardware_flag(monkeypatch, native) 
     monkeypatch.setattr(decoding, "PRODUCTS", "onednn")
     monkeypatch.delenv(N.NUMERICS_ENV, raising=False)
     assert decoding.use_products("onednn", "auto") is native and decoding.DECODE_BF16 is native
-    assert N.machine_info()["decode_dtype"] == ("bfloat16" if native else "float32")
+    assert machine_info()["decode_dtype"] == ("bfloat16" if native else "float32")
     assert decoding.use_products("onednn", "float32") is False and decoding.DECODE_BF16 is False
-    assert N.machine_info()["decode_dtype"] == "float32"
+    assert machine_info()["decode_dtype"] == "float32"
     assert decoding.use_products("mkl", "auto") is False  # bf16 needs oneDNN's products
     monkeypatch.setenv(N.NUMERICS_ENV, "portable")
     assert decoding.use_products("onednn", "auto") is False  # the portable profile decodes in fp32

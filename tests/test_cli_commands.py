@@ -429,8 +429,8 @@ def timed_store(tmp_path, monkeypatch):
 
 
 def test_times_reads_each_stage_s_seconds_cached_stages_and_the_cpu(timed_store):
-    from orchestry.numerics import machine_info
     from orchestry.reporting.compare import stage_times
+    from orchestry.runtime import machine_info
 
     uri, seconds = timed_store
     table = stage_times(load_runs("orchestry", uri), last=5)

@@ -7,7 +7,8 @@ import torch
 from conftest import make_tiny_llama
 
 from orchestry.llm import decoding
-from orchestry.llm.local import attach_adapters, generate
+from orchestry.llm.loading import attach_adapters
+from orchestry.llm.local import generate
 
 
 def _kv(B=3, H=4, Hkv=2, L=12, D=8, filled=9, pad=(0, 2, 5)):

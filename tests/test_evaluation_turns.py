@@ -47,7 +47,7 @@ def test_the_base_pair_from_the_bare_model_is_the_base_pair_with_the_adapters_of
 
     from orchestry.config import IntervalsParams
     from orchestry.evaluation.agents import evaluate_agents
-    from orchestry.llm.local import load_model
+    from orchestry.llm.loading import load_model
 
     _, _, base, adapters = saved_agents
     bare, tok = load_model(base)

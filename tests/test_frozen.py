@@ -73,7 +73,7 @@ def _lora_model(tiny_llama, seed: int):
     """A tiny random Llama (vocabulary 64) under the decoding kernels (DecodeLinear, the lean MLP) with one LoRA
     adapter, ``helper``, whose B matrices are random (so the adapter changes the outputs), in training mode."""
     from orchestry.llm.decoding import use_decode_kernels
-    from orchestry.llm.local import attach_adapters
+    from orchestry.llm.loading import attach_adapters
 
     model = tiny_llama(64, seed=seed)
     use_decode_kernels(model)
@@ -122,7 +122,7 @@ def test_lora_training_pass_gradients_are_autograds_bit_for_bit(tiny_llama, bf16
 def test_cast_once_gives_the_same_bits_and_drops_its_copies(tiny_llama):
     """A warm-start pass (completion_logprobs: the packed path, the chunked LM head) under bf16 autocast gives the
     same log-probs and adapter gradients with one cast per weight for the block as with casts at every call."""
-    from orchestry.llm.local import completion_logprobs
+    from orchestry.llm.logprobs import completion_logprobs
 
     peft_model = _lora_model(tiny_llama, seed=3)
     gen = torch.Generator().manual_seed(7)

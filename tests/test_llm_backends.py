@@ -627,7 +627,7 @@ def tiny_llama():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from orchestry.llm.local import load_tokenizer
+    from orchestry.llm.loading import load_tokenizer
 
     if not (REPO / "models" / "base" / "tokenizer.json").exists():
         pytest.skip("models/base (tokenizer) not prepared")

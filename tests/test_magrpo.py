@@ -9,7 +9,8 @@ import torch
 
 from orchestry.algorithms.magrpo import group_advantages, policy_loss
 from orchestry.config import SamplingParams, TrainMagrpoParams
-from orchestry.llm.local import Generation, GenerationBatch, adapter_parameters, attach_adapters
+from orchestry.llm.loading import adapter_parameters, attach_adapters
+from orchestry.llm.local import Generation, GenerationBatch
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
@@ -347,7 +348,7 @@ def test_resample_gives_up_after_max_resample(embedded_tokenizer, tiny_llama, tm
 
 def test_replaced_groups_keep_their_tokens_and_logprobs(embedded_tokenizer, tiny_llama, one_thread):
     """Merging a resample (other prompt/completion widths) re-pads rows without changing their log-probs."""
-    from orchestry.llm.local import completion_logprobs
+    from orchestry.llm.logprobs import completion_logprobs
     from orchestry.training.magrpo.sampling import replace_groups as _replace_groups
 
     tok = embedded_tokenizer

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from orchestry.config import SamplingParams, TrainMagrpoParams
-from orchestry.llm.local import attach_adapters
+from orchestry.llm.loading import attach_adapters
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer

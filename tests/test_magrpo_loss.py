@@ -12,13 +12,9 @@ import torch
 
 from orchestry.algorithms.magrpo import group_advantages, k3_kl, micro_batch_loss, policy_loss
 from orchestry.config import SamplingParams, TrainMagrpoParams
-from orchestry.llm.local import (
-    Generation,
-    GenerationBatch,
-    adapter_parameters,
-    attach_adapters,
-    completion_logprobs,
-)
+from orchestry.llm.loading import adapter_parameters, attach_adapters
+from orchestry.llm.local import Generation, GenerationBatch
+from orchestry.llm.logprobs import completion_logprobs
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout

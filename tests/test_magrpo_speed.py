@@ -5,9 +5,12 @@ import pytest
 import torch
 
 import orchestry.llm.local as L
+import orchestry.llm.logprobs as LP
 import orchestry.numerics as N
 from orchestry.config import SamplingParams, TrainMagrpoParams
-from orchestry.llm.local import Generation, GenerationBatch, attach_adapters, completion_logprobs, generate
+from orchestry.llm.loading import attach_adapters
+from orchestry.llm.local import Generation, GenerationBatch, generate
+from orchestry.llm.logprobs import completion_logprobs
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
@@ -83,7 +86,7 @@ def test_packing_splits_long_groups_without_changing_results(tiny_llama):
     seqs, mask, P = _rollout_batch(G=4)
     ref = _plain(model, seqs, mask, P)
     for max_pack in (1, 12, 1024):  # 1: every completion in its own row with its prompt
-        got, _, _ = L._packed_logprobs(model, seqs, mask, P, max_pack=max_pack)
+        got, _, _ = LP._packed_logprobs(model, seqs, mask, P, max_pack=max_pack)
         assert torch.allclose(got, ref, atol=1e-4), max_pack
 
 
@@ -95,7 +98,7 @@ def test_shared_prompt_prefill_gives_the_same_samples(tiny_llama, embedded_token
     for temperature in (0.0, 1.0):
         shared = generate(model, tok, prompts, adapters, max_new_tokens=6, temperature=temperature, seed=3)
         with monkeypatch.context() as m:
-            m.setattr(L, "_prompt_groups", lambda *a, **k: None)
+            m.setattr(L, "prompt_groups", lambda *a, **k: None)
             alone = generate(model, tok, prompts, adapters, max_new_tokens=6, temperature=temperature, seed=3)
         assert torch.equal(shared.sequences, alone.sequences)
         assert torch.equal(shared.attention_mask, alone.attention_mask)
@@ -130,7 +133,7 @@ def test_bucketed_prefill_gives_the_same_cache_and_samples(tiny_llama, embedded_
     adapters = ["helper", "main", "helper", "main", "helper"]
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     ids, mask = enc["input_ids"], enc["attention_mask"]
-    groups = L._prompt_groups(ids, mask, adapters)
+    groups = L.prompt_groups(ids, mask, adapters)
     model.eval()
     caches = []
     for budget in (10**6, 1):  # one padded forward; every prompt alone at its own width
@@ -299,7 +302,7 @@ def test_nucleus_sampler_frequencies_match_the_distribution():
 def test_token_logprobs_match_autograds_head(autocast):
     """The chunked LM head gives the log-probs and the gradient w.r.t. the hidden states of the plain
     ``log_softmax(linear(h, W).float()).gather`` (chunks of 5 over 13 positions: a short last chunk)."""
-    from orchestry.llm.local import token_logprobs
+    from orchestry.llm.logprobs import token_logprobs
 
     torch.manual_seed(0)
     W = torch.randn(50, 8)

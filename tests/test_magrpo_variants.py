@@ -18,7 +18,8 @@ from orchestry.config import CoachParams, SamplingParams, TrainMagrpoParams
 from orchestry.llm.backends import OpenAICompatibleChat
 from orchestry.llm.cache import CachedChat, ResponseCache
 from orchestry.llm.cost import CostTracker, Price
-from orchestry.llm.local import Generation, GenerationBatch, adapter_parameters, attach_adapters
+from orchestry.llm.loading import adapter_parameters, attach_adapters
+from orchestry.llm.local import Generation, GenerationBatch
 from orchestry.problems import load_problems
 from orchestry.rewards.coach import Coach
 from orchestry.rewards.code import LevelReward

@@ -29,7 +29,8 @@ comlrl_magrpo = pytest.importorskip(
 
 from orchestry.algorithms.magrpo import group_advantages  # noqa: E402
 from orchestry.config import SamplingParams, TrainMagrpoParams  # noqa: E402
-from orchestry.llm.local import Generation, GenerationBatch, adapter_parameters, attach_adapters  # noqa: E402
+from orchestry.llm.loading import adapter_parameters, attach_adapters  # noqa: E402
+from orchestry.llm.local import Generation, GenerationBatch  # noqa: E402
 from orchestry.problems import load_problems  # noqa: E402
 from orchestry.rewards.code import LevelReward  # noqa: E402
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout  # noqa: E402

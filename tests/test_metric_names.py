@@ -11,8 +11,8 @@ import mlflow
 import pytest
 
 from orchestry.analysis.metrics import flat_numbers, summarize
-from orchestry.numerics import machine_info
 from orchestry.reporting.compare import DEFAULT_METRICS, executions, load_runs
+from orchestry.runtime import machine_info
 from orchestry.tracking.metric_names import (
     VOCABULARY_TAG,
     api_grpo_summary_name,

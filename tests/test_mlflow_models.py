@@ -25,7 +25,8 @@ from fake_llm_servers import FakeAnthropic, FakeOpenAI
 from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.backends import AnthropicChat, ChatRequest, OpenAICompatibleChat
 from orchestry.llm.cache import CachedChat, ResponseCache
-from orchestry.llm.local import attach_adapters, chat_prompt, generate
+from orchestry.llm.loading import attach_adapters
+from orchestry.llm.local import chat_prompt, generate
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, make_problem
 from orchestry.rewards.code import LevelReward
 from orchestry.tracking.models import (

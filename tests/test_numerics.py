@@ -54,8 +54,8 @@ def test_portable_pins_the_kernels_and_trains_in_fp32():
     out = _child(
         """
         import json, os, torch
-        from orchestry.numerics import apply_numerics, machine_info
-        from orchestry.numerics import resolve_bf16
+        from orchestry.numerics import apply_numerics, resolve_bf16
+        from orchestry.runtime import machine_info
         apply_numerics("portable")
         print(json.dumps({"env": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR",
                           "ONEDNN_MAX_CPU_ISA", "ORCHESTRY_NUMERICS")},

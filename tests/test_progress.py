@@ -125,7 +125,7 @@ def test_magrpo_bar_uses_the_shared_switch(
     from conftest import make_tiny_llama
 
     from orchestry.config import SamplingParams, TrainMagrpoParams
-    from orchestry.llm.local import attach_adapters
+    from orchestry.llm.loading import attach_adapters
     from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
 
     tok = embedded_tokenizer

@@ -12,7 +12,8 @@ import torch
 pytest.importorskip("bitsandbytes")
 
 from orchestry.config import SamplingParams, TrainMagrpoParams  # noqa: E402
-from orchestry.llm.local import Generation, GenerationBatch, attach_adapters, load_model  # noqa: E402
+from orchestry.llm.loading import attach_adapters, load_model
+from orchestry.llm.local import Generation, GenerationBatch  # noqa: E402
 from orchestry.problems import load_problems  # noqa: E402
 from orchestry.rewards.code import LevelReward  # noqa: E402
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout  # noqa: E402

@@ -49,5 +49,5 @@ def test_every_orchestry_import_of_a_script_resolves(script):
 
 
 def test_a_moved_name_is_reported():
-    tree = ast.parse("def f():\n    from orchestry.llm.local import load_model, cpu_bf16_supported\n")
-    assert _missing(tree) == ["orchestry.llm.local.cpu_bf16_supported"]
+    tree = ast.parse("def f():\n    from orchestry.llm.loading import load_model, cpu_bf16_supported\n")
+    assert _missing(tree) == ["orchestry.llm.loading.cpu_bf16_supported"]

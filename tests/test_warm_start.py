@@ -10,7 +10,8 @@ import torch
 
 from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.generators.compositional import delegated_decomposition, generate, reference_decomposition
-from orchestry.llm.local import attach_adapters, completion_logprobs
+from orchestry.llm.loading import attach_adapters
+from orchestry.llm.logprobs import completion_logprobs
 from orchestry.problems import load_problems, make_problem
 from orchestry.rewards.code import level_rewards
 from orchestry.training.magrpo import AGENTS, MAGRPOTrainer

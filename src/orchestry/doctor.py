@@ -50,7 +50,8 @@ def _sha(t) -> str:
 def _fixed_batch(model_path: str | Path):
     """``(model, tokenizer, prompts, enc, labels)``: the embedded model in fp32 and the 8 fixed chat prompts as one
     left-padded batch, with next-token labels (padding ignored) — the work both fingerprints share."""
-    from orchestry.llm.local import chat_prompt, load_model
+    from orchestry.llm.loading import load_model
+    from orchestry.llm.local import chat_prompt
 
     model, tok = load_model(Path(model_path), dtype="float32")
     prompts = [chat_prompt(tok, t) for t in TASKS]
@@ -78,7 +79,9 @@ def fingerprint(model_path: str | Path, bf16_update: str | bool = False) -> dict
     import torch
 
     from orchestry import numerics
-    from orchestry.llm.local import attach_adapters, generate
+    from orchestry.llm.loading import attach_adapters
+    from orchestry.llm.local import generate
+    from orchestry.runtime import machine_info
 
     model_path = Path(model_path)
     if not (model_path / "config.json").exists():
@@ -102,7 +105,7 @@ def fingerprint(model_path: str | Path, bf16_update: str | bool = False) -> dict
         opt.step()
         opt.zero_grad()
     lora = torch.cat([p.detach().flatten() for p in params])
-    machine = numerics.machine_info()
+    machine = machine_info()
     return {
         "machine": machine,
         "numerics": machine["numerics"],
@@ -205,7 +208,7 @@ def gradient_trace(model_path: str | Path) -> dict:
     """
     import torch
 
-    from orchestry.llm.local import attach_adapters
+    from orchestry.llm.loading import attach_adapters
 
     model, _, _, enc, labels = _fixed_batch(model_path)
     peft_model = attach_adapters(model, ["helper"], seed=0)

@@ -116,29 +116,6 @@ def apply_numerics(mode: str, cpuinfo: str | Path = "/proc/cpuinfo") -> None:
         )
 
 
-def machine_info() -> dict:
-    """What a run's numbers and seconds depend on: ``cpu``, ``cpu_flags`` (the :data:`FLAGS` present),
-    ``threads`` (torch's), ``torch`` (version), ``kernels`` (torch's CPU capability), ``mkl_cbwr`` (MKL's
-    branch setting, ``AUTO`` when unset), ``numerics`` (:func:`numerics_mode`), ``decode_dtype`` (decoding's
-    resolved operand dtype, ``model.decode_dtype``) and ``gpu`` (CUDA device name or ``none``). Logged as MLflow tags ``machine.<key>`` of every stage run and written into the stage reports."""
-    import torch
-
-    from orchestry.llm import decoding  # its model.decode_dtype, resolved by use_products
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return {
-        "cpu": cpu_model(),
-        "cpu_flags": " ".join(f for f, v in cpu_flags().items() if v) or "none",
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "kernels": torch.backends.cpu.get_cpu_capability(),
-        "mkl_cbwr": os.environ.get("MKL_CBWR", "AUTO"),
-        "numerics": numerics_mode(),
-        "decode_dtype": decoding.decode_numerics()[1],
-        "gpu": gpu,
-    }
-
-
 @functools.cache
 def cpu_bf16_supported() -> bool:
     """True when this CPU runs bf16 matmuls natively (oneDNN: AVX-512 BF16 / AMX class CPUs).

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from orchestry import numerics
 from orchestry.config import Params, TrainMagrpoParams
 from orchestry.params_file import ParamsError, load_params
 
@@ -208,6 +209,30 @@ def cpu_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def machine_info() -> dict:
+    """What a run's numbers and seconds depend on: ``cpu``, ``cpu_flags`` (the :data:`orchestry.numerics.FLAGS`
+    present), ``threads`` (torch's), ``torch`` (version), ``kernels`` (torch's CPU capability), ``mkl_cbwr`` (MKL's
+    branch setting, ``AUTO`` when unset), ``numerics`` (:func:`orchestry.numerics.numerics_mode`), ``decode_dtype``
+    (decoding's resolved operand dtype, ``model.decode_dtype``) and ``gpu`` (CUDA device name or ``none``). Logged
+    as MLflow tags ``machine.<key>`` of every stage run and written into the stage reports."""
+    import torch
+
+    from orchestry.llm import decoding  # its model.decode_dtype, resolved by use_products
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {
+        "cpu": numerics.cpu_model(),
+        "cpu_flags": " ".join(f for f, v in numerics.cpu_flags().items() if v) or "none",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR", "AUTO"),
+        "numerics": numerics.numerics_mode(),
+        "decode_dtype": decoding.decode_numerics()[1],
+        "gpu": gpu,
+    }
+
+
 def load_policy(
     params: Params, with_adapters: str | None = None, agents: tuple[str, ...] = ("helper", "main")
 ):
@@ -222,7 +247,7 @@ def load_policy(
     """
     import torch
 
-    from orchestry.llm.local import load_model
+    from orchestry.llm.loading import load_model
 
     torch.set_num_threads(cpu_threads())
     from orchestry.llm.decoding import use_products
@@ -250,9 +275,9 @@ def build_policy(params: Params, agents: Sequence[str], cfg: TrainMagrpoParams |
 
     Returns:
         ``(model, tokenizer)``: a PeftModel whose adapters are initialised from ``cfg.seed``
-        (:func:`orchestry.llm.local.attach_adapters`; 4-bit base when ``model.load_in_4bit``).
+        (:func:`orchestry.llm.loading.attach_adapters`; 4-bit base when ``model.load_in_4bit``).
     """
-    from orchestry.llm.local import attach_adapters
+    from orchestry.llm.loading import attach_adapters
 
     cfg = cfg or params.train_magrpo
     model, tok = load_policy(params)

@@ -13,7 +13,7 @@ import sys
 import time
 
 from orchestry.evaluation.baselines import run_method
-from orchestry.llm.local import load_model
+from orchestry.llm.loading import load_model
 from orchestry.params_file import load_params
 from orchestry.problems import Problem, read_problems
 from orchestry.runtime import open_sandbox

@@ -16,10 +16,9 @@ from pathlib import Path
 import torch
 
 from orchestry.evaluation.agents import evaluate_agents
-from orchestry.numerics import machine_info
 from orchestry.params_file import load_params
 from orchestry.problems import load_problems
-from orchestry.runtime import load_policy, open_sandbox, write_json, write_jsonl
+from orchestry.runtime import load_policy, machine_info, open_sandbox, write_json, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[3]
 SETS = {

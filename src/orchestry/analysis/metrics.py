@@ -14,7 +14,7 @@ import numpy as np
 from scipy import stats
 
 from orchestry.analysis.code_ast import chain_form, normalized_solution
-from orchestry.rewards.extract import extract_code
+from orchestry.analysis.extract import extract_code
 
 LEVELS = ("structure", "syntax", "tests", "cooperation")
 
@@ -94,7 +94,7 @@ def is_pass(r: dict) -> bool:
 
 
 def _code(text: object) -> str:
-    """The code of one answer (:func:`orchestry.rewards.extract.extract_code`, as the reward reads it); "" when none."""
+    """The code of one answer (:func:`orchestry.analysis.extract.extract_code`, as the reward reads it); "" when none."""
     return extract_code(text)[0] if isinstance(text, str) else ""
 
 

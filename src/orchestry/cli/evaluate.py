@@ -38,7 +38,7 @@ def _check_context(probs, cfg, source: str) -> None:
     Raises:
         ProblemFormatError: see :func:`orchestry.problems.check_context`.
     """
-    from orchestry.llm.local import load_tokenizer
+    from orchestry.llm.loading import load_tokenizer
     from orchestry.problems import check_context
 
     config = json.loads((Path(cfg.model.path) / "config.json").read_text())

@@ -40,7 +40,7 @@ def _selected(pairs: Sequence[str], model) -> list[tuple[str, bool]]:
         ValueError: a name is not a pair's, or a pair with adapters is asked of a model without peft adapters
             (its samples would be the base model's under the trained pair's name).
     """
-    from orchestry.llm.local import has_adapters
+    from orchestry.llm.loading import has_adapters
 
     unknown = sorted(set(pairs) - set(PAIR_NAMES))
     if unknown:
@@ -112,7 +112,7 @@ def evaluate_agents(
     """
     from orchestry.analysis.metrics import summarize
     from orchestry.evaluation.baselines import run_method
-    from orchestry.llm.local import has_adapters
+    from orchestry.llm.loading import has_adapters
 
     ks = sorted({1, num_samples})
     for name, use_adapters in _selected(pairs, model):
@@ -230,7 +230,7 @@ def evaluate_workflow(
         ValueError: ``pairs`` names a pair not in :data:`PAIRS`.
     """
     from orchestry.analysis.metrics import summarize
-    from orchestry.llm.local import has_adapters
+    from orchestry.llm.loading import has_adapters
     from orchestry.training.magrpo.common import BASE, WORKFLOW_AGENTS
     from orchestry.training.magrpo.workflows import workflow_rollout
 

@@ -537,7 +537,7 @@ class LocalChat(_Base):
 
     def _ensure_loaded(self) -> None:
         if self.hf_model is None:
-            from orchestry.llm.local import load_model
+            from orchestry.llm.loading import load_model
 
             self.hf_model, self.tokenizer = load_model(self.model_path, self.dtype)
             self.hf_model.eval()

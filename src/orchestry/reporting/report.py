@@ -479,7 +479,7 @@ def provenance(root: Path = Path(".")) -> dict[str, Any]:
 
 
 def _training_machine(summary: Mapping[str, Any]) -> str | None:
-    """One line from the MAGRPO report's ``machine`` (:func:`orchestry.numerics.machine_info`) and
+    """One line from the MAGRPO report's ``machine`` (:func:`orchestry.runtime.machine_info`) and
     ``update_dtype``: what trained the adapters; None for a report written before the machine was recorded."""
     m = summary.get("machine")
     if not isinstance(m, dict):

@@ -34,7 +34,7 @@ A main that redefines ``aux`` is tested as written -- the later definition wins 
 run main's own copy -- but it gets no cooperation bonus (its calls do not reach the helper), and the reasons
 say so. (The authors' later code zeroes such samples; this module keeps the gentler rule.)
 
-Model answers are first reduced to code with :func:`extract_code` (:mod:`orchestry.rewards.extract`; the
+Model answers are first reduced to code with :func:`extract_code` (:mod:`orchestry.analysis.extract`; the
 embedded SmolLM2 answers with a ```` ```python ```` fence followed by prose, see docs/algorithms.md, section 1).
 """
 
@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from orchestry.analysis.code_ast import AuxCallInfo, safe_parse, top_level_function
+from orchestry.analysis.extract import MAX_ANSWER_CHARS, extract_code
 from orchestry.analysis.schemes import aux_call_info
 from orchestry.problems import Problem
-from orchestry.rewards.extract import MAX_ANSWER_CHARS, extract_code
 
 if TYPE_CHECKING:  # the sandbox is only needed at run time, through the object the caller passes in
     from orchestry.sandbox import ExecutionResult, Sandbox

@@ -110,7 +110,7 @@ def resolve_base(config: Mapping[str, Any], bundled: str | None = None) -> Path:
     Raises:
         BaseModelNotFound: none of the candidates holds a model with the recorded fingerprint.
     """
-    from orchestry.llm.local import EMBEDDED_NAME, convert_embedded_model
+    from orchestry.llm.loading import EMBEDDED_NAME, convert_embedded_model
 
     want = config.get("base_fingerprint")
     tried: list[str] = []
@@ -168,7 +168,7 @@ class MagrpoAgents(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         from peft import PeftModel
 
-        from orchestry.llm.local import load_model
+        from orchestry.llm.loading import load_model
 
         cfg = dict(context.model_config or {})
         base = resolve_base(cfg, context.artifacts.get("base"))

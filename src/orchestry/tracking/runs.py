@@ -439,7 +439,7 @@ def stage_run(
 
     Tags (parent and stage run): ``git_revision``, ``params_hash``, ``pipeline_execution`` (:func:`execution_key`),
     ``dvc_experiment`` (``DVC_EXP_NAME`` when set); the stage run also ``stage``, ``machine.<key>``
-    (:func:`orchestry.numerics.machine_info`: CPU, flags, threads, kernels, numerics) and ``metric_vocabulary``
+    (:func:`orchestry.runtime.machine_info`: CPU, flags, threads, kernels, numerics) and ``metric_vocabulary``
     (:data:`orchestry.tracking.metric_names.VOCABULARY_TAG`: its metric names are those of ``docs/metrics.md``). The experiment gets the runs
     table's view (:func:`set_runs_view`). The parent is marked RUNNING while a stage runs and ends with the status
     of the stage that ended last. The metric ``cost/wall_seconds`` is logged when the block ends; a FINISHED run of
@@ -465,7 +465,7 @@ def stage_run(
     experiment_id = mlflow.get_experiment_by_name(experiment).experiment_id
     set_runs_view(client, experiment_id)
     parent_id = parent_run_id(experiment_id, execution, claim_for=stage)  # RUNNING; stale runs marked KILLED
-    from orchestry.numerics import machine_info
+    from orchestry.runtime import machine_info
     from orchestry.tracking.metric_names import VOCABULARY_TAG, VOCABULARY_VERSION
 
     tags = {**execution, "pipeline_execution": execution_key(execution), "stage": stage,

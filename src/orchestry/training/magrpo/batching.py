@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from orchestry.llm.local import adapter_parameters
+from orchestry.llm.loading import adapter_parameters
 from orchestry.training.magrpo.common import Rollout
 
 

@@ -13,7 +13,8 @@ from typing import Protocol
 import torch
 
 from orchestry.config import SamplingParams, TrainMagrpoParams
-from orchestry.llm.local import GenerationBatch, adapter_parameters
+from orchestry.llm.loading import adapter_parameters
+from orchestry.llm.local import GenerationBatch
 from orchestry.problems import AGENTS, Problem
 
 WORKFLOW_AGENTS = {"helper_main": AGENTS, "writer_tester_fixer": ("writer", "tester", "fixer")}

@@ -58,7 +58,8 @@ from orchestry.algorithms.magrpo import (
 )
 from orchestry.algorithms.reinforce_pp import reinforce_pp_advantages, token_policy_loss
 from orchestry.config import SamplingParams, TrainMagrpoParams
-from orchestry.llm.local import adapter_parameters, completion_logprobs
+from orchestry.llm.loading import adapter_parameters
+from orchestry.llm.logprobs import completion_logprobs
 from orchestry.numerics import bf16_autocast, resolve_bf16
 from orchestry.problems import Problem
 from orchestry.rewards.coach import Coach
@@ -98,7 +99,7 @@ class MAGRPOTrainer:
     """Train one LoRA adapter per agent with MAGRPO (see :mod:`orchestry.algorithms.magrpo`).
 
     Args:
-        model: a peft model with adapters named as ``AGENTS`` (see ``orchestry.llm.local.attach_adapters``).
+        model: a peft model with adapters named as ``AGENTS`` (see ``orchestry.llm.loading.attach_adapters``).
         problems: training problems; each step takes ``problems_per_step`` of them in a seeded order.
         sandbox: an ``orchestry.sandbox.Sandbox`` used by the level reward.
         checkpoint_dir: where checkpoints live (resume happens automatically if one is there).

@@ -29,7 +29,9 @@ import torch
 
 from orchestry.generators.compositional import delegated_decomposition, reference_decomposition
 from orchestry.llm.frozen import cast_once
-from orchestry.llm.local import adapter_parameters, chat_prompt, completion_logprobs
+from orchestry.llm.loading import adapter_parameters
+from orchestry.llm.local import chat_prompt
+from orchestry.llm.logprobs import completion_logprobs
 from orchestry.numerics import bf16_autocast
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
 from orchestry.rewards.code import level_rewards
