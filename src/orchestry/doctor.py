@@ -24,6 +24,8 @@ import json
 import time
 from pathlib import Path
 
+from orchestry import numerics
+
 #: The fingerprint lines of the machines the committed outputs were made or reproduced on (JSON Lines).
 REFERENCE = Path("reports/numerics_fingerprints.jsonl")
 
@@ -78,7 +80,6 @@ def fingerprint(model_path: str | Path, bf16_update: str | bool = False) -> dict
     """
     import torch
 
-    from orchestry import numerics
     from orchestry.llm.loading import attach_adapters
     from orchestry.llm.local import generate
     from orchestry.runtime import machine_info

@@ -29,10 +29,15 @@ not measured here (one CPU kind on hand).
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
 import functools
+import json
 import logging
 import os
 import platform
+import statistics
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -180,9 +185,6 @@ def measure_update_dtype(tokens: int = 1024, layers: int = 4, repeats: int = 5) 
     Returns:
         ``{"fp32_ms": float, "bf16_ms": float}``.
     """
-    import statistics
-    import time
-
     import torch
 
     g = torch.Generator().manual_seed(0)
@@ -232,10 +234,6 @@ def recorded_update_dtype(measure=measure_update_dtype) -> dict:
         ``{"key", "fp32_ms", "bf16_ms", "choice": "bf16" | "fp32", "date", "recorded": path}``; ``choice`` is bf16
         when ``bf16_ms <= BF16_MARGIN * fp32_ms``.
     """
-    import datetime
-    import fcntl
-    import json
-
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "update_dtype.json"

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -183,7 +184,6 @@ def who_am_i() -> str:
     """The reviewer's name: ``$ORCHESTRY_REVIEWER``, else git's ``user.name``, else the login name."""
     if os.environ.get("ORCHESTRY_REVIEWER"):
         return os.environ["ORCHESTRY_REVIEWER"]
-    import subprocess
 
     try:
         name = subprocess.run(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestry.progress import progress_bar
+from orchestry.sandbox import Job
 
 if TYPE_CHECKING:
     from orchestry.sandbox import Sandbox
@@ -359,7 +360,6 @@ def check_canonical_solutions(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    from orchestry.sandbox import Job
 
     todo = [p for p in problems if p.canonical_solution]
     failed: list[str] = []

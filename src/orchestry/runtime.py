@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import logging
 import os
 import random
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+import yaml
+
 from orchestry import numerics
 from orchestry.config import Params, TrainMagrpoParams
+from orchestry.fingerprint import update_with_head_and_tail
+from orchestry.numerics import apply_numerics
 from orchestry.params_file import ParamsError, load_params
+from orchestry.sandbox import Sandbox
 
 
 def start_stage(name: str, params_path: str = "params.yaml") -> Params:
@@ -33,7 +43,6 @@ def start_stage(name: str, params_path: str = "params.yaml") -> Params:
     except ParamsError as e:  # exit code 2 (bad input), like the CLI; the message names each bad key
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    from orchestry.numerics import apply_numerics
 
     apply_numerics(params.model.numerics)  # before torch computes anything: it pins the kernel paths
     from orchestry.llm.decoding import use_products
@@ -95,8 +104,6 @@ def accelerate_command(num_processes: int, script: str | Path, args: Iterable[st
     visible (``--cpu --num_processes 2`` would start ONE process: accelerate's multi-CPU mode needs ``mpirun``).
     The rendezvous port is a free one, so two launches on one machine (queued experiments) do not collide.
     """
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -115,9 +122,6 @@ def relaunch_under_accelerate(num_processes: int, script: str | Path) -> int:
     ``dvc repro`` stays the one command. SIGTERM and SIGINT received here are passed on to the launcher, which
     passes them on to its processes (the main one ends its MLflow run KILLED, :func:`orchestry.tracking.runs.stage_run`).
     """
-    import signal
-    import subprocess
-
     cmd = accelerate_command(num_processes, script, sys.argv[1:])
     logging.getLogger(__name__).info("relaunching in %d processes: %s", num_processes, " ".join(cmd))
     child = subprocess.Popen(cmd)
@@ -149,8 +153,6 @@ def check_writable(folder: str | Path, what: str = "") -> None:
     Raises:
         OutputNotWritable: naming the folder (and ``what`` writes there) and the reason.
     """
-    import tempfile
-
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -183,8 +185,6 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 def open_sandbox(params: Params):
-    from orchestry.sandbox import Sandbox
-
     s = params.sandbox
     return Sandbox(
         timeout_s=s.timeout_s, memory_mb=s.memory_mb, max_workers=s.workers, max_timeouts=s.max_timeouts
@@ -305,8 +305,6 @@ def stage_inputs(stage: str, dvc_file: str | Path = "dvc.yaml") -> tuple[list[st
         ValueError: ``stage`` is a ``matrix``/``foreach`` stage or its deps use ``${...}`` templating (not
             expanded here).
     """
-    import yaml
-
     spec = yaml.safe_load(Path(dvc_file).read_text())["stages"][stage]
     deps = list(spec.get("deps", []))
     if "matrix" in spec or "foreach" in spec or any("${" in str(d) for d in deps):
@@ -339,10 +337,6 @@ def stage_inputs_key(
     Raises:
         KeyError: ``stage`` is not in ``dvc_file``.
     """
-    import hashlib
-
-    from orchestry.fingerprint import update_with_head_and_tail
-
     deps, declared = stage_inputs(stage, dvc_file)
     h = hashlib.sha256()
     skip = set(exclude)

@@ -28,9 +28,11 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin
 
 import yaml
+
+from orchestry.tracking.runs import TUNE_STUDY_ENV, TUNE_TRIAL_ENV
 
 #: Default storage file, relative to the repository root (``/.orchestry/`` is git-ignored).
 DEFAULT_STORAGE_FILE = ".orchestry/optuna.db"
@@ -118,8 +120,6 @@ def _params_field(key: str):
 
 def _kind(info) -> str:
     """``int``, ``float`` or ``other`` for a params field (``X | None`` counts as ``X``)."""
-    from typing import Union, get_args, get_origin
-
     ann = info.annotation
     args = (
         [a for a in get_args(ann) if a is not type(None)]
@@ -426,8 +426,6 @@ def experiment_metric(repo: Path, name: str, objective: str, env: Mapping[str, s
 def trial_env(study: str, number: int) -> dict[str, str]:
     """The environment of a trial's ``dvc exp run``: this one (no ``DVC_ROOT``/``DVC_EXP_NAME`` of an outer
     run) plus the study and trial the stages tag their MLflow runs with."""
-    from orchestry.tracking.runs import TUNE_STUDY_ENV, TUNE_TRIAL_ENV
-
     env = {k: v for k, v in os.environ.items() if k not in ("DVC_ROOT", "DVC_EXP_NAME")}
     env.update({TUNE_STUDY_ENV: study, TUNE_TRIAL_ENV: str(number)})
     return env

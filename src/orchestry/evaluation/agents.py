@@ -17,7 +17,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from orchestry.config import IntervalsParams, SamplingParams
-from orchestry.problems import AGENTS, Problem
+from orchestry.problems import AGENTS, HELPER_SYSTEM, MAIN_SYSTEM, Problem
+from orchestry.rewards.code import level_rewards
+from orchestry.tasks.multi_turn import feedback_text, next_turn_prompts
 
 #: Per-sample metrics of the trained-minus-base comparison (:func:`trained_minus_base`).
 PAIRED_METRICS = ("pass", "total", "coop_rate", "aux_called", "truncated")
@@ -161,9 +163,6 @@ def later_turns(
     """
     from orchestry.llm.local import chat_prompt
     from orchestry.llm.sampling import sample_texts
-    from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM
-    from orchestry.rewards.code import level_rewards
-    from orchestry.tasks.multi_turn import feedback_text, next_turn_prompts
 
     by_id = {p.task_id: p for p in problems}
     records = [dict(r, turns_run=1) for r in records]

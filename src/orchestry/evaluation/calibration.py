@@ -22,7 +22,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from orchestry.config import IntervalsParams, SamplingParams
-from orchestry.problems import Problem
+from orchestry.generators.compositional import generate
+from orchestry.numerics import cpu_model
+from orchestry.problems import Problem, make_problem
 
 #: The markdown table's columns, in order (``{level}`` is the interval's level, e.g. ``95%``).
 COLUMNS = (
@@ -52,9 +54,6 @@ def select_problems(
     Raises:
         orchestry.generators.compositional.GeneratorError: a parameter is out of range.
     """
-    from orchestry.generators.compositional import generate
-    from orchestry.problems import make_problem
-
     prefix = f"Calibration/d{difficulty}"
     pool = len(generate(POOL_CAP, difficulty, seed, types, num_tests, prefix, allow_fewer=True))
     n = min(count, pool)
@@ -214,7 +213,6 @@ def write_reports(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    from orchestry.numerics import cpu_model
 
     cpu = cpu_model()
     cores = os.cpu_count() or 1

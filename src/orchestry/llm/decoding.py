@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import torch
 
 from orchestry.llm.frozen import frozen_linear, use_lean_mlp
+from orchestry.numerics import resolve_decode_bf16
 
 ATTENTION = "orchestry_sdpa"  # attention implementation name registered with transformers
 
@@ -362,7 +363,6 @@ def use_products(name: str, dtype: str = "float32") -> bool:
         ValueError: another name or dtype, or ``bfloat16`` with ``mkl`` products or on a CPU without native bf16.
     """
     global PRODUCTS, DECODE_BF16
-    from orchestry.numerics import resolve_decode_bf16
 
     if name not in ("onednn", "mkl"):
         raise ValueError(f"decode products must be 'onednn' or 'mkl', got {name!r}")

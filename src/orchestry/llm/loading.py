@@ -12,6 +12,8 @@ import importlib.util
 import json
 import logging
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,9 +90,6 @@ def convert_embedded_model(out_dir: str | Path) -> dict:
         ``out_dir`` gets the same without ``seconds``: the folder is a DVC output, and a wall time in it changed
         its hash on every run, so every re-run of ``prepare`` re-ran the whole pipeline.
     """
-    import subprocess
-    import sys
-
     t0 = time.time()
     folder = embedded_gguf_dir()
     out_dir = Path(out_dir)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from orchestry.llm import decoding
+from orchestry.llm.decoding import LlamaDecoder, StackedLoRA, lora_layer_class
 from orchestry.llm.loading import has_adapters
 
 log = logging.getLogger("orchestry.llm")
@@ -493,8 +495,6 @@ def generate(
     """
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
-    from orchestry.llm import decoding
-
     t0 = time.time()
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
     width = enc["input_ids"].shape[1]
@@ -599,8 +599,6 @@ def _decoder_bare(model, stacked, adapter_names: Sequence[str] | None) -> bool |
     rows' adapters (False), or does not cover the model (None: ``model.generate`` decodes). A batch whose rows all
     name no adapter of the model (peft's ``"__base__"``), or a batch without adapter names inside peft's
     ``disable_adapter()``, runs the bare base model."""
-    from orchestry.llm.decoding import LlamaDecoder, lora_layer_class
-
     bare = False
     if stacked is None and has_adapters(model):
         if adapter_names is not None:
@@ -618,8 +616,6 @@ def _decoder_bare(model, stacked, adapter_names: Sequence[str] | None) -> bool |
 def _stacked_lora(model, adapter_names: Sequence[str] | None):
     """A :class:`orchestry.llm.decoding.StackedLoRA` for a batch with per-row adapters, or None: no per-row
     adapters, or LoRA layers it does not cover (then peft's mixed batch runs)."""
-    from orchestry.llm.decoding import StackedLoRA
-
     if adapter_names is None or not has_adapters(model):
         return None
     names = sorted(set(adapter_names) & set(model.peft_config))

@@ -24,6 +24,7 @@ vocabulary (no tag ``metric_vocabulary``) are read under the new names too (:fun
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -397,8 +398,6 @@ def read_samples(path: str | Path) -> list[dict]:
     Raises:
         CompareError: the file is missing or unreadable, a line is not a JSON object, or lacks ``task_id``.
     """
-    import json
-
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

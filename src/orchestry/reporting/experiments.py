@@ -9,6 +9,7 @@ seeds (the seeds are the resampled unit; with 3 seeds the interval is coarse and
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -203,8 +204,6 @@ def preset_overrides(preset: str | Path, params: str | Path = "params.yaml") -> 
     Raises:
         orchestry.params_file.ParamsError: the preset is not a mapping, or the patched params are invalid.
     """
-    import copy
-
     import yaml
 
     from orchestry.params_file import ParamsError, UniqueKeyLoader, parse_params, read_params_mapping

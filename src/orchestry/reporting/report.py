@@ -50,6 +50,8 @@ from orchestry.reporting.report_format import (
 )
 from orchestry.reporting.report_samples import _records, _schemes_section, _transcripts_section
 from orchestry.reporting.results import results_note, results_rows
+from orchestry.tracking import runs as tracking
+from orchestry.tracking.runs import run_url, ui_base
 
 #: Figures in page order, with their captions; any other ``figures/*.png`` follows under its file name.
 FIGURES = {
@@ -86,16 +88,12 @@ RUNS_VIEW_QUERY = "?workflowType=machine_learning"
 def ui_address() -> str:
     """Address of the MLflow UI the report links to: ``$MLFLOW_UI_URL`` (without a trailing ``/``) when set, else
     :func:`orchestry.tracking.runs.ui_base` (``http://127.0.0.1:5000``, ``orchestry ui``'s default)."""
-    from orchestry.tracking.runs import ui_base
-
     return (os.environ.get(UI_URL_ENV) or "").strip().rstrip("/") or ui_base()
 
 
 def mlflow_link(experiment_id: str, run_id: str, base: str, path: str = "") -> str:
     """A run's page (``path``: a sub-page, e.g. ``/artifacts/figures/x.png``) in the MLflow UI at ``base``, in the
     runs view (:data:`RUNS_VIEW_QUERY`)."""
-    from orchestry.tracking.runs import run_url
-
     return run_url(experiment_id, run_id, base) + path + RUNS_VIEW_QUERY
 
 
@@ -437,8 +435,6 @@ def provenance(root: Path = Path(".")) -> dict[str, Any]:
         stage of the same pipeline execution (children of ``parent_id``). Inside a stage run, the git revision,
         params hash and DVC experiment are the run's tags (what MLflow shows).
     """
-    from orchestry.tracking import runs as tracking
-
     info: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "git_revision": tracking.git_revision(root),

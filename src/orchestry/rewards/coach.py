@@ -20,8 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestry.llm.backends import ChatRequest
-from orchestry.llm.cost import BudgetExceeded
+from orchestry.llm.backends import ChatRequest, make_backend
+from orchestry.llm.cache import CachedChat, ResponseCache
+from orchestry.llm.clients import backend_options
+from orchestry.llm.cost import BudgetExceeded, CostTracker, require_price
+from orchestry.paths import repo_root
 
 log = logging.getLogger("orchestry.rewards.coach")
 
@@ -214,12 +217,6 @@ def open_coach(cfg, model_path: str = "models/base", model_dtype: str = "float32
     Raises:
         BackendConfigError, PriceError: see :func:`orchestry.llm.clients.open_clients`.
     """
-    from orchestry.llm.backends import make_backend
-    from orchestry.llm.cache import CachedChat, ResponseCache
-    from orchestry.llm.clients import backend_options
-    from orchestry.llm.cost import CostTracker, require_price
-    from orchestry.paths import repo_root
-
     local = cfg.backend == "local"
     backend = make_backend(cfg.backend, cfg.model, **backend_options(cfg, model_path, model_dtype))
     backend.price = require_price(backend.model, cfg.prices, local, cfg.budget_usd)

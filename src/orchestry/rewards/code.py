@@ -50,6 +50,7 @@ from orchestry.analysis.code_ast import AuxCallInfo, safe_parse, top_level_funct
 from orchestry.analysis.extract import MAX_ANSWER_CHARS, extract_code
 from orchestry.analysis.schemes import aux_call_info
 from orchestry.problems import Problem
+from orchestry.sandbox import Job
 
 if TYPE_CHECKING:  # the sandbox is only needed at run time, through the object the caller passes in
     from orchestry.sandbox import ExecutionResult, Sandbox
@@ -377,8 +378,6 @@ def _run_jobs(sandbox: Sandbox, jobs: list) -> list[ExecutionResult | str]:
 
 def _level_3(states: list[_Pending], sandbox: Sandbox, config: RewardConfig) -> None:
     """One ``sandbox.run_batch`` for every pair that reached level 3 (identical programs run once)."""
-    from orchestry.sandbox import Job
-
     jobs: list = []
     index: dict[tuple, int] = {}
     for st in states:

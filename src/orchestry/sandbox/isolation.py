@@ -3,7 +3,9 @@ namespaces, mounts and capabilities), its environment, and the directories hidde
 
 from __future__ import annotations
 
+import atexit
 import os
+import py_compile
 import shutil
 import subprocess
 import sys
@@ -35,8 +37,6 @@ def _child_pyc() -> str:
     path = _CHILD_PYC.get("path")
     if path and os.path.exists(path):
         return path
-    import atexit
-    import py_compile
 
     d = tempfile.mkdtemp(prefix="orchestry-sandbox-code-")
     path = os.path.join(d, "child.pyc")

@@ -10,6 +10,7 @@ the object it documents. The questions are the project's own.
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import inspect
 import json
@@ -79,7 +80,6 @@ def _resolve(dotted: str):
         for name in parts[i:]:
             obj = getattr(obj, name)
         return obj
-    import builtins
 
     obj = builtins
     for name in parts:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from orchestry.problems import Problem
 from orchestry.rewards.code import LevelReward, RewardConfig, extract_code, single_rewards
+from orchestry.sandbox import Job
 
 MAX_TESTS = 6
 _REASON_CHARS = 120
@@ -114,8 +115,6 @@ def tester_reports(
     Raises:
         ValueError: the sequences differ in length.
     """
-    from orchestry.sandbox import Job
-
     n = len(problems)
     if len(writer_texts) != n or len(tester_texts) != n:
         raise ValueError(f"got {n} problems, {len(writer_texts)} writer and {len(tester_texts)} tester texts")

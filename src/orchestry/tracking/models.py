@@ -40,14 +40,21 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import mlflow
 import mlflow.pyfunc
 import pandas as pd
+from mlflow.models import ModelSignature
+from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
+from orchestry.config import SamplingParams
 from orchestry.fingerprint import folder_fingerprint
-from orchestry.problems import AGENTS
+from orchestry.problems import AGENTS, HELPER_SYSTEM, MAIN_SYSTEM, Problem
+from orchestry.rewards.code import extract_code
+from orchestry.tracking.runs import git_revision, params_hash
 
 log = logging.getLogger("orchestry.tracking.models")
 
@@ -185,11 +192,8 @@ class MagrpoAgents(mlflow.pyfunc.PythonModel):
         Raises:
             ValueError: no ``prompt`` column, or a prompt without a function and no ``entry_point``.
         """
-        from orchestry.config import SamplingParams
         from orchestry.llm.local import chat_prompt
         from orchestry.llm.sampling import sample_texts
-        from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, Problem
-        from orchestry.rewards.code import extract_code
 
         df = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         if "prompt" not in df.columns:
@@ -262,10 +266,6 @@ def register_adapters(
         RuntimeError: no active MLflow run.
         FileNotFoundError: an adapter folder or the base model is missing.
     """
-    import mlflow
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
-
     if mlflow.active_run() is None:
         raise RuntimeError(
             "register_adapters needs an active MLflow run (e.g. inside tracking.runs.stage_run)"
@@ -328,7 +328,6 @@ def register_adapters(
     client = mlflow.MlflowClient()
     version = str(info.registered_model_version)
     run_tags = client.get_run(mlflow.active_run().info.run_id).data.tags
-    from orchestry.tracking.runs import git_revision, params_hash
 
     origin = {
         "params_hash": run_tags.get("params_hash") or params_hash(),
@@ -361,8 +360,6 @@ def register_adapters(
 
 def _requirements() -> list[str]:
     """Pinned pip requirements of the model (given, so MLflow does not load the model to infer them)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     out = []
     for pkg in ("mlflow", "torch", "transformers", "peft", "pandas"):
         try:
@@ -411,8 +408,6 @@ def log_samples_table(
     Raises:
         ValueError: a record without ``task_id``.
     """
-    import mlflow
-
     records = list(records)
     if mlflow.active_run() is None or not records:
         return False

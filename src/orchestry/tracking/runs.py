@@ -45,8 +45,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -55,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestry.paths import repo_root
+from orchestry.tracking.metric_names import VOCABULARY_TAG, VOCABULARY_VERSION
 
 log = logging.getLogger("orchestry.tracking.runs")
 
@@ -254,8 +257,6 @@ def process_tags() -> dict[str, str]:
     """:data:`PID_TAG`, :data:`HOST_TAG`, :data:`START_TAG` (the process's start time, seconds since the epoch:
     tells a reused PID from the process that held the run) and, on Linux, :data:`PID_NAMESPACE_TAG` of this
     process."""
-    import socket
-
     import psutil
 
     tags = {
@@ -466,7 +467,6 @@ def stage_run(
     set_runs_view(client, experiment_id)
     parent_id = parent_run_id(experiment_id, execution, claim_for=stage)  # RUNNING; stale runs marked KILLED
     from orchestry.runtime import machine_info
-    from orchestry.tracking.metric_names import VOCABULARY_TAG, VOCABULARY_VERSION
 
     tags = {**execution, "pipeline_execution": execution_key(execution), "stage": stage,
             "mlflow.parentRunId": parent_id, VOCABULARY_TAG: VOCABULARY_VERSION, **process_tags(),
@@ -696,8 +696,6 @@ def metric_name(key: str) -> str:
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     """Log numeric metrics (non-finite and non-numeric values are skipped; names via :func:`metric_name`)."""
-    import math
-
     import mlflow
 
     clean = {
@@ -782,8 +780,6 @@ def execution_metrics(reports: str | Path = "reports") -> dict[str, float]:
     Returns:
         ``{name: value}`` with finite numbers only (names as :func:`metric_name` makes them).
     """
-    import math
-
     reports = Path(reports)
 
     def read(rel: str) -> dict:

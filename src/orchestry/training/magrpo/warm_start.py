@@ -19,6 +19,7 @@ separate from the MAGRPO optimizers, whose moments start at zero after the warm 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 import random
@@ -63,8 +64,6 @@ def plain_delegate_targets(p: Problem) -> tuple[str, str]:
     Raises:
         ValueError: no ``def <entry point>(`` line in the prompt, or no canonical solution; names the task id.
     """
-    import ast
-
     sig = next((ln for ln in p.prompt.split("\n") if ln.startswith(f"def {p.entry_point}(")), "")
     if not sig or not p.canonical_solution.strip():
         raise ValueError(

@@ -12,6 +12,7 @@ import torch
 from orchestry.config import SamplingParams
 from orchestry.llm.local import GenerationBatch, chat_prompt, generate
 from orchestry.problems import Problem
+from orchestry.tasks import writer_tester_fixer as wtf
 from orchestry.training.magrpo.agent_rewards import agent_rewards
 from orchestry.training.magrpo.common import TURN_SEED, WORKFLOW_AGENTS, Rollout, Trainer
 from orchestry.training.magrpo.rollouts import step_seed
@@ -45,8 +46,6 @@ def workflow_rollout(
         truncation flags, ``reward_seconds`` (sandbox seconds), and, for the shared record format, ``helper``
         (empty: no aux) and ``main`` (the fixer's final code).
     """
-    from orchestry.tasks import writer_tester_fixer as wtf
-
     names = WORKFLOW_AGENTS["writer_tester_fixer"]
     limit = sampling.max_completion_length
     probs = [p for p in problems for _ in range(G)]

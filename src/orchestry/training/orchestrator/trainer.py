@@ -56,6 +56,7 @@ from orchestry.tasks.agent_pool import (
     make_agents,
 )
 from orchestry.training.orchestrator.env import (
+    TERMINATE,
     Episode,
     FixedPipeline,
     OrchestratorEnv,
@@ -100,8 +101,6 @@ def apply_episode_override(e: Episode, o: Override, task_reward: str, cost_lambd
     """The human score ``o.score`` as the episode's task reward r: its step rewards (and its trajectory's, for
     the update) are recomputed from r and the step costs; the level reward's ``total`` becomes the score for
     ``task_reward: level`` (the automatic one kept as ``automatic_total``), and the override is recorded."""
-    from orchestry.training.orchestrator.env import TERMINATE
-
     costs = [st.cost for st in e.state.steps if st.agent != TERMINATE]
     e.task_reward = o.score
     e.rewards = step_rewards(costs, o.score, cost_lambda)
