@@ -434,6 +434,12 @@ class TrainMagrpoParams(_Section):
         description="warm start: train on the first N train problems only (file order); MAGRPO still trains on "
         "all of them, so the rest are problems the warm-started pair has not seen. 0: all",
     )
+    init_adapters: str | None = Field(
+        None,
+        description="start MAGRPO from these saved adapters (a folder with one peft folder per agent, e.g. a "
+        "run's models/adapters/magrpo/warm_start copied out of DVC's outputs) instead of the warm start: arms of a "
+        "comparison share one warm start; null: off",
+    )
     num_processes: int = Field(
         1,
         ge=1,
@@ -483,6 +489,8 @@ class TrainMagrpoParams(_Section):
                 raise ValueError("warm_start_epochs needs workflow helper_main (reference decompositions)")
         if self.advantage == "reinforce_pp" and self.dynamic_sampling != "none":
             raise ValueError("dynamic_sampling works on groups; advantage reinforce_pp has none")
+        if self.init_adapters is not None and self.warm_start_epochs not in (0, "auto"):
+            raise ValueError("init_adapters replaces the warm start: set warm_start_epochs to 0 or auto")
         return self
 
 

@@ -260,6 +260,41 @@ def load_checkpoint(tr: Trainer) -> int:
     return 0
 
 
+def load_init_adapters(tr: Trainer, folder: str | Path) -> dict:
+    """Copy saved adapters into the trainer's (``train_magrpo.init_adapters``): ``folder/<agent>`` is a peft folder
+    (``adapter_model.safetensors``) per agent, of the same LoRA shape (r, alpha, target modules) as this run.
+
+    Returns ``{"init_adapters": folder, "init_adapters_sha256": <digest of the agents' weight files, 12 hex>}``,
+    what the run logs in place of the warm start's figures.
+
+    Raises:
+        FileNotFoundError: an agent's folder or weight file is missing (names it).
+        ValueError: the saved weights do not fit this run's adapters (a missing or extra tensor, another shape).
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for a in tr.agents:
+        path = folder / a / "adapter_model.safetensors"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"init_adapters: no {path} (one peft folder per agent: {', '.join(tr.agents)})"
+            )
+        digest.update(path.read_bytes())
+        state = load_file(str(path))
+        expected = {n: p.shape for n, p in tr.model.named_parameters() if f".{a}." in n and "lora_" in n}
+        result = set_peft_model_state_dict(tr.model, state, adapter_name=a)
+        missing = [k for k in result.missing_keys if f".{a}." in k and "lora_" in k]
+        if result.unexpected_keys or missing or len(state) != len(expected):
+            raise ValueError(
+                f"init_adapters: {path} does not fit agent {a}'s adapter ({len(state)} tensors saved, "
+                f"{len(expected)} expected; missing {missing[:2]}, unexpected {list(result.unexpected_keys)[:2]})"
+            )
+    return {"init_adapters": str(folder), "init_adapters_sha256": digest.hexdigest()[:12]}
+
+
 def save_adapters(tr: Trainer, out_dir: str | Path) -> list[Path]:
     """Save each agent's adapter as a standard peft folder ``out_dir/<agent>``."""
     out_dir = Path(out_dir)

@@ -176,6 +176,11 @@ class MAGRPOTrainer:
                     step_log.log_samples_table(self.samples, rec["step"])
         else:
             epochs = resolved_epochs(self.cfg, list(self.problems))
+            if self.cfg.init_adapters:  # saved adapters instead of the warm start (arms sharing one)
+                self.warm_start = checkpoints.load_init_adapters(self, self.cfg.init_adapters)
+                log.info("MAGRPO starts from %s", self.warm_start)
+                if self.rank == 0:
+                    self.save_adapters(self.warm_start_dir)
             if epochs:  # supervised warm start (training.warm_start), then MAGRPO
                 self.warm_start = run_warm_start(self, self.bf16, epochs)
                 log.info("warm start: %s", self.warm_start)
