@@ -241,3 +241,11 @@ def test_the_one_entry_point_knows_the_new_names():
         estimate_advantages("reinforce", R)
     with pytest.raises(ValueError, match="takes only"):
         estimate_advantages("agent_turn", R, beta=0.1)
+    assert {"remax", "critic"} <= set(ESTIMATORS)
+    greedy = torch.tensor([0.5, 3.0])
+    assert torch.equal(estimate_advantages("remax", R, greedy_rewards=greedy), remax_advantages(R, greedy))
+    assert torch.equal(estimate_advantages("critic", R, values=torch.full_like(R, 0.25)), R - 0.25)
+    with pytest.raises(ValueError, match="greedy_rewards"):
+        estimate_advantages("remax", R)
+    with pytest.raises(ValueError, match="values"):
+        estimate_advantages("critic", R, baseline=1.0)
