@@ -1,5 +1,5 @@
 """MAGRPO checkpoints: both adapters, both AdamW states, the step log and the samples (and the ``reinforce``
-estimator's running baseline), written crash-safely.
+estimator's running baseline, the ``critic`` estimator's value networks and Adam states), written crash-safely.
 
 A checkpoint is written crash-safely (:func:`save_checkpoint`): files go to ``<dir>.new``, are
 fsynced, ``manifest.json`` (size and SHA-256 of every file) is written last, then ``<dir>`` is renamed to
@@ -13,6 +13,7 @@ A checkpoint is resumed only when it fits the run: the same ``train_magrpo`` par
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -138,6 +139,8 @@ def save_checkpoint(tr: Trainer, next_step: int) -> None:
         },
         "optimizers": {a: o.state_dict() for a, o in tr.optimizers.items()},
     }
+    if getattr(tr, "critic", None) is not None:  # advantage critic
+        state["critic"] = tr.critic.state_dict()
     buf = io.BytesIO()
     torch.save(state, buf)
     meta = {
@@ -198,17 +201,23 @@ def restore(tr: Trainer, folder: Path) -> tuple[list[dict], list[dict]]:
             if n not in params or params[n].shape != t.shape:
                 raise ValueError(f"adapter weight {n} does not fit the model")
     before = {n: p.detach().clone() for n, p in params.items() if "lora_" in n}
+    critic = getattr(tr, "critic", None)
+    critic_before = copy.deepcopy(critic.state_dict()) if critic is not None else None
     try:
         with torch.no_grad():
             for a in tr.agents:
                 for n, t in state["adapters"][a].items():
                     params[n].copy_(t)
                 tr.optimizers[a].load_state_dict(state["optimizers"][a])
+        if critic is not None:
+            critic.load_state_dict(state["critic"])
     except BaseException:
         with torch.no_grad():
             for n, t in before.items():
                 params[n].copy_(t)
         tr.optimizers = new_optimizers(tr.model, tr.agents, tr.cfg)
+        if critic is not None:
+            critic.load_state_dict(critic_before)
         raise
     history = json.loads((folder / "trainer.json").read_text())["history"]
     with open(folder / "samples.jsonl") as f:
