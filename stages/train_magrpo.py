@@ -57,8 +57,10 @@ CSV_FIELDS = [
     *(f"scheme/{s}" for s in SCHEMES),
     "zero_variance_groups", "skipped_groups", "resample_rollouts", "resampled_groups",
 ]  # fmt: skip
-# columns the options add when on (turns, per-agent rewards from credit or the coach, the workflow's tester)
-OPTION_PREFIXES = ("turns_run", "reward/", "credit/", "coach/", "advantage_abs/", "tester_pass_rate")
+# columns the options add when on (turns, per-agent rewards from credit or the coach, the workflow's tester, the
+# remax estimator's greedy rollout and the critic estimator's value fit)
+OPTION_PREFIXES = ("turns_run", "reward/", "credit/", "coach/", "advantage_abs/", "tester_pass_rate", "remax/",
+                   "tokens/prompt/greedy", "tokens/completion/greedy", "seconds/greedy", "critic/")  # fmt: skip
 
 
 def main() -> None:
@@ -135,6 +137,9 @@ def main() -> None:
             update_dtype_decision={k: v for k, v in trainer.update_decision.items() if k != "reason"},
             machine=machine_info(),
         )
+        if cfg.advantage == "remax":  # the greedy rollouts' share of the totals above (they are included)
+            summary["greedy_prompt_tokens"] = sum(r.get("tokens/prompt/greedy", 0) for r in history)
+            summary["greedy_completion_tokens"] = sum(r.get("tokens/completion/greedy", 0) for r in history)
         if trainer.warm_start:
             summary.update({f"warm_start_{k.replace('/', '_')}": v for k, v in trainer.warm_start.items()})
         if trainer.curriculum:  # curriculum=base_reward: the order (logged) and the base rollout's cost

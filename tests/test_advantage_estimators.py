@@ -1,5 +1,6 @@
-"""The advantage estimators beside the group mean (``train_magrpo.advantage``: rloo, reinforce, agent_turn) against
-hand-computed values, and one trainer update with each (docs/algorithms.md, section 3.1)."""
+"""The advantage estimators beside the group mean (``train_magrpo.advantage``: rloo, reinforce, agent_turn, remax)
+against hand-computed values, and one trainer update with each (docs/algorithms.md, section 3.1; remax's and the
+critic's trainer runs: tests/test_value_baselines.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from orchestry.algorithms.magrpo import (
     agent_turn_advantages,
     group_advantages,
     reinforce_advantages,
+    remax_advantages,
     reward_sum_count,
     rloo_advantages,
     running_baseline,
@@ -74,6 +76,21 @@ def test_reward_sum_count_counts_only_the_active_samples():
     assert reward_sum_count(R, active) == (2.0, 3)
     with pytest.raises(ValueError, match="active"):
         reward_sum_count(R, active[:, :2])
+
+
+# ---- remax ------------------------------------------------------------------------------------------------------
+def test_remax_is_the_reward_minus_the_greedy_rollouts_reward():
+    greedy = torch.tensor([0.5, 3.0])  # each problem's greedy (argmax) joint rollout's reward
+    # group 1: 1 - 0.5, 0 - 0.5; group 2: 2 - 3 (a flat group still gets a signal against its greedy rollout)
+    expected = torch.tensor([[0.5, -0.5, -0.5, 0.5], [-1.0, -1.0, -1.0, -1.0]])
+    assert torch.equal(remax_advantages(R, greedy), expected)
+    assert torch.equal(remax_advantages(R, greedy.view(2, 1)), expected)  # [N, 1] (a G = 1 rollout's rewards)
+    # the greedy reward equal to the group mean gives the MAGRPO advantage
+    assert torch.equal(remax_advantages(R, R.mean(dim=1)), group_advantages(R, "mean"))
+    with pytest.raises(ValueError, match=r"\[N\] = \[2\]"):
+        remax_advantages(R, torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match=r"\[N, G\]"):
+        remax_advantages(torch.ones(4), torch.ones(4))
 
 
 # ---- agent_turn (AT-GRPO) ----------------------------------------------------------------------------------------
@@ -225,3 +242,11 @@ def test_the_one_entry_point_knows_the_new_names():
         estimate_advantages("reinforce", R)
     with pytest.raises(ValueError, match="takes only"):
         estimate_advantages("agent_turn", R, beta=0.1)
+    assert {"remax", "critic"} <= set(ESTIMATORS)
+    greedy = torch.tensor([0.5, 3.0])
+    assert torch.equal(estimate_advantages("remax", R, greedy_rewards=greedy), remax_advantages(R, greedy))
+    assert torch.equal(estimate_advantages("critic", R, values=torch.full_like(R, 0.25)), R - 0.25)
+    with pytest.raises(ValueError, match="greedy_rewards"):
+        estimate_advantages("remax", R)
+    with pytest.raises(ValueError, match="values"):
+        estimate_advantages("critic", R, baseline=1.0)

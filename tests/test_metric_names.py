@@ -123,6 +123,16 @@ def _step_record() -> dict:
             "loss/main": 0.01,
             "rows_updated/main": 8,
             "tester_pass_rate": 0.5,
+            "remax/greedy_reward": 1.0,  # advantage remax
+            "remax/greedy_reward/turn_2": 1.2,
+            "remax/greedy_pass_rate": 0.5,
+            "remax/greedy_turns": 2,
+            "tokens/prompt/greedy": 100,
+            "tokens/completion/greedy": 50,
+            "seconds/greedy": 1.0,
+            "critic/value_loss": 0.5,  # advantage critic
+            "critic/value_loss_after": 0.4,
+            "critic/value_mean": 1.0,
             "chain_form_rate": 0.5,  # not CSV columns: logged to MLflow only
             "distinct_solutions": 0.5,
             "problems": ["t/0"],
@@ -153,7 +163,14 @@ def _logged_by_stage() -> dict[str, dict[str, float]]:
     logged = {
         "train_magrpo": magrpo_step_metrics(_step_record())
         | magrpo_summary_metrics(
-            {**train, "coach_usd": 0.1, "coach_calls": 3, "warm_start_loss_helper_last": 1}
+            {
+                **train,
+                "coach_usd": 0.1,
+                "coach_calls": 3,
+                "warm_start_loss_helper_last": 1,
+                "greedy_prompt_tokens": 10,
+                "greedy_completion_tokens": 5,
+            }
         )
         | {"cost/prompt_tokens": 1},
         "baselines": method_metrics("test", "baseline_single", s)

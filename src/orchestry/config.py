@@ -23,11 +23,15 @@ AdvantageMode = Literal["mean", "mean_std", "rloo", "max", "raw"]
 ADVANTAGE_MODES: tuple[str, ...] = get_args(AdvantageMode)
 """Group-relative modes of :func:`orchestry.algorithms.magrpo.group_advantages`."""
 AdvantageEstimator = Literal[
-    "mean", "mean_std", "rloo", "max", "raw", "reinforce", "agent_turn", "reinforce_pp"
+    "mean", "mean_std", "rloo", "max", "raw", "reinforce", "agent_turn", "reinforce_pp", "remax", "critic"
 ]
 ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimator)
 """``train_magrpo.advantage``: a group-relative mode, ``reinforce`` (running-mean baseline), ``agent_turn``
-(AT-GRPO's agent- and turn-wise groups), or ``reinforce_pp`` (per-token; REINFORCE++)."""
+(AT-GRPO's agent- and turn-wise groups), ``reinforce_pp`` (per-token; REINFORCE++), ``remax`` (the greedy
+rollout's reward as the baseline) or ``critic`` (a learned value baseline, ``train_magrpo.critic``)."""
+CriticMode = Literal["centralized", "per_agent"]
+CRITIC_MODES: tuple[str, ...] = get_args(CriticMode)
+"""``train_magrpo.critic``: the value network's sharing (:mod:`orchestry.algorithms.critic`)."""
 
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="RNG seed")]
 Name = Annotated[str, Field(min_length=1)]
@@ -321,7 +325,9 @@ class TrainMagrpoParams(_Section):
         "the mean of the group's other G-1; reinforce: R minus a running mean of earlier steps' rewards "
         "(baseline_decay); agent_turn: AT-GRPO, mean/std within each agent's group at each turn, over the "
         "samples acting at that turn; reinforce_pp: per-token returns with the KL in the reward, whitened over all "
-        "tokens of the agent's batch)",
+        "tokens of the agent's batch; remax: R minus the reward of one greedy joint rollout of the same problem "
+        "(ReMax; its tokens count in the step's cost); critic: R minus a learned V(s) on the MiniLM embedding of "
+        "the agents' prompts (train_magrpo.critic))",
     )
     beta: float = Field(
         0.0,
@@ -340,6 +346,25 @@ class TrainMagrpoParams(_Section):
         lt=1,
         description="advantage reinforce: b <- decay * b + (1 - decay) * (the step's mean reward), per agent and "
         "turn; the first step's baseline is its own mean",
+    )
+    critic: CriticMode = Field(
+        "centralized",
+        description="advantage critic: centralized (MAAC-style: one value network on the joint state, the "
+        "concatenated prompt embeddings of all agents, shared by the agents) | per_agent (IAC-style: each agent its "
+        "own value network on its own prompt embedding)",
+    )
+    critic_lr: float = Field(
+        0.01, gt=0, le=1, description="advantage critic: Adam learning rate of the value net"
+    )
+    critic_hidden: int = Field(
+        128, ge=1, le=1 << 16, description="advantage critic: hidden width of the value MLP"
+    )
+    critic_steps: int = Field(
+        8,
+        ge=1,
+        le=10_000,
+        description="advantage critic: full-batch Adam steps of the value net on each step's returns (after that "
+        "step's advantages are computed)",
     )
     turns: int = Field(
         1,
@@ -445,6 +470,12 @@ class TrainMagrpoParams(_Section):
         description="warm start: train on the first N train problems only (file order); MAGRPO still trains on "
         "all of them, so the rest are problems the warm-started pair has not seen. 0: all",
     )
+    init_adapters: str | None = Field(
+        None,
+        description="start MAGRPO from these saved adapters (a folder with one peft folder per agent, e.g. a "
+        "run's models/adapters/magrpo/warm_start copied out of DVC's outputs) instead of the warm start: arms of a "
+        "comparison share one warm start; null: off",
+    )
     num_processes: int = Field(
         1,
         ge=1,
@@ -494,6 +525,14 @@ class TrainMagrpoParams(_Section):
                 raise ValueError("warm_start_epochs needs workflow helper_main (reference decompositions)")
         if self.advantage == "reinforce_pp" and self.dynamic_sampling != "none":
             raise ValueError("dynamic_sampling works on groups; advantage reinforce_pp has none")
+        if self.init_adapters is not None and self.warm_start_epochs not in (0, "auto"):
+            raise ValueError("init_adapters replaces the warm start: set warm_start_epochs to 0 or auto")
+        if self.advantage in ("remax", "critic") and self.workflow != "helper_main":
+            raise ValueError(f"advantage {self.advantage} is implemented for workflow helper_main only")
+        if self.advantage == "critic" and self.num_processes > 1:
+            raise ValueError(
+                "advantage critic runs in one process (num_processes 1): its value net is not averaged"
+            )
         return self
 
 

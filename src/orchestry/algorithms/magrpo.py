@@ -11,8 +11,10 @@ Every agent gets the same joint advantage; gradients flow only through its own l
 problems in one update, the per-problem losses are averaged. Optional: a KL penalty to the reference policy
 (k3 estimator, per token, weight beta), other advantage modes of later CoMLRL versions, and the estimators
 :func:`rloo_advantages` (leave-one-out baseline), :func:`reinforce_advantages` with :func:`running_baseline`
-(REINFORCE with a running-mean baseline) and :func:`agent_turn_advantages` (AT-GRPO's agent- and turn-wise
-groups), each with its formula and source in its docstring and in docs/algorithms.md.
+(REINFORCE with a running-mean baseline), :func:`agent_turn_advantages` (AT-GRPO's agent- and turn-wise
+groups) and :func:`remax_advantages` (ReMax: the greedy rollout's reward as the baseline; the learned critic's
+baseline is in :mod:`orchestry.algorithms.critic`), each with its formula and source in its docstring and in
+docs/algorithms.md.
 
 The trainer never holds the whole batch's graph: it back-propagates :func:`micro_batch_loss` (one micro-batch's
 rows written on the ``[N, G]`` grid of :func:`policy_loss`, the other rows 0) once per micro-batch, and skips the
@@ -145,6 +147,41 @@ def reinforce_advantages(rewards: torch.Tensor, baseline: float) -> torch.Tensor
         advantages, the shape of ``rewards``.
     """
     return rewards - float(baseline)
+
+
+def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> torch.Tensor:
+    """ReMax: each problem's baseline is the reward of ONE greedy (argmax) rollout of that problem by the current
+    policy: ``A_{n,g} = R_{n,g} - R^greedy_n``.
+
+    Source: Z. Li et al., "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
+    Large Language Models" (arXiv 2310.10505), Algorithm 1: the baseline of a sampled response is the reward of
+    the greedy response to the same prompt. The greedy decode does not depend on the samples of the group, so
+    the estimator stays unbiased; it costs one extra (unsampled, never trained) rollout per problem. Here the
+    greedy rollout is joint: both agents decode greedily from the same prompts (and, in a multi-turn run, the
+    same turns, each on the greedy pair's own feedback) and the pair is scored with the same reward.
+
+    Args:
+        rewards: ``[N, G]`` rewards, N problems x G samples.
+        greedy_rewards: ``[N]`` (or ``[N, 1]``) the reward of each problem's greedy rollout.
+
+    Returns:
+        ``[N, G]`` advantages.
+
+    Raises:
+        ValueError: ``rewards`` not ``[N, G]`` or ``greedy_rewards`` not one value per problem.
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [N, G], got shape {tuple(rewards.shape)}")
+    b = (
+        greedy_rewards.reshape(-1)
+        if greedy_rewards.dim() == 2 and greedy_rewards.shape[1] == 1
+        else greedy_rewards
+    )
+    if b.shape != (rewards.shape[0],):
+        raise ValueError(
+            f"greedy_rewards must be [N] = [{rewards.shape[0]}], got shape {tuple(greedy_rewards.shape)}"
+        )
+    return rewards - b.to(rewards.dtype).unsqueeze(1)
 
 
 def agent_turn_advantages(

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import torch
 
+from orchestry.algorithms.critic import critic_advantages
 from orchestry.algorithms.kl import token_kl
 from orchestry.algorithms.magrpo import (
     ADVANTAGE_MODES,
     agent_turn_advantages,
     group_advantages,
     reinforce_advantages,
+    remax_advantages,
 )
 
-ESTIMATORS = ("magrpo", "magrpo_std", "rloo", "reinforce", "agent_turn", "reinforce_pp")
+ESTIMATORS = ("magrpo", "magrpo_std", "rloo", "reinforce", "agent_turn", "reinforce_pp", "remax", "critic")
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -137,6 +139,10 @@ def estimate_advantages(name: str, rewards: torch.Tensor, **kwargs) -> torch.Ten
       :func:`orchestry.algorithms.magrpo.reinforce_advantages`; the trainer's is a running mean).
     - ``"agent_turn"``: ``rewards`` ``[N, G]`` of one agent at one turn, optional ``active`` ``[N, G]`` and ``eps``
       (:func:`orchestry.algorithms.magrpo.agent_turn_advantages`, AT-GRPO).
+    - ``"remax"``: ``rewards`` ``[N, G]`` minus ``greedy_rewards`` ``[N]`` (keyword, required; each problem's greedy
+      rollout's reward; :func:`orchestry.algorithms.magrpo.remax_advantages`, ReMax).
+    - ``"critic"``: ``rewards`` minus ``values`` (keyword, required; V(s) of each sample, the same shape;
+      :func:`orchestry.algorithms.critic.critic_advantages`).
     - ``"reinforce_pp"``: ``rewards`` ``[B]`` plus ``logp``, ``ref_logp``, ``mask`` (``[B, T]``) and optional
       ``beta``, ``gamma``, ``kl_estimator``, ``whiten``; returns ``[B, T]`` (:func:`reinforce_pp_advantages`).
 
@@ -150,6 +156,13 @@ def estimate_advantages(name: str, rewards: torch.Tensor, **kwargs) -> torch.Ten
         if set(kwargs) != {"baseline"}:
             raise ValueError(f"estimator 'reinforce' takes rewards and baseline=, got {sorted(kwargs)}")
         return reinforce_advantages(rewards, kwargs["baseline"])
+    if name in ("remax", "critic"):
+        key = "greedy_rewards" if name == "remax" else "values"
+        if set(kwargs) != {key}:
+            raise ValueError(f"estimator {name!r} takes rewards and {key}=, got {sorted(kwargs)}")
+        if name == "remax":
+            return remax_advantages(rewards, kwargs[key])
+        return critic_advantages(rewards, kwargs[key])
     if name == "agent_turn":
         if set(kwargs) - {"active", "eps"}:
             raise ValueError(

@@ -33,7 +33,12 @@ _COST_KEYS = {
 }
 
 #: MAGRPO step-record keys renamed on their way to MLflow (the rest is ``train/<key>``).
-_STEP_RENAMES = {"tokens/prompt": "prompt_tokens", "tokens/completion": "completion_tokens"}
+_STEP_RENAMES = {
+    "tokens/prompt": "prompt_tokens",
+    "tokens/completion": "completion_tokens",
+    "tokens/prompt/greedy": "greedy_prompt_tokens",  # advantage remax: the greedy rollout's share of the two above
+    "tokens/completion/greedy": "greedy_completion_tokens",
+}
 
 
 def _seg(name: str) -> str:

@@ -1,5 +1,5 @@
 """MAGRPO checkpoints: both adapters, both AdamW states, the step log and the samples (and the ``reinforce``
-estimator's running baseline), written crash-safely.
+estimator's running baseline, the ``critic`` estimator's value networks and Adam states), written crash-safely.
 
 A checkpoint is written crash-safely (:func:`save_checkpoint`): files go to ``<dir>.new``, are
 fsynced, ``manifest.json`` (size and SHA-256 of every file) is written last, then ``<dir>`` is renamed to
@@ -13,6 +13,7 @@ A checkpoint is resumed only when it fits the run: the same ``train_magrpo`` par
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -138,6 +139,8 @@ def save_checkpoint(tr: Trainer, next_step: int) -> None:
         },
         "optimizers": {a: o.state_dict() for a, o in tr.optimizers.items()},
     }
+    if getattr(tr, "critic", None) is not None:  # advantage critic
+        state["critic"] = tr.critic.state_dict()
     buf = io.BytesIO()
     torch.save(state, buf)
     meta = {
@@ -198,17 +201,23 @@ def restore(tr: Trainer, folder: Path) -> tuple[list[dict], list[dict]]:
             if n not in params or params[n].shape != t.shape:
                 raise ValueError(f"adapter weight {n} does not fit the model")
     before = {n: p.detach().clone() for n, p in params.items() if "lora_" in n}
+    critic = getattr(tr, "critic", None)
+    critic_before = copy.deepcopy(critic.state_dict()) if critic is not None else None
     try:
         with torch.no_grad():
             for a in tr.agents:
                 for n, t in state["adapters"][a].items():
                     params[n].copy_(t)
                 tr.optimizers[a].load_state_dict(state["optimizers"][a])
+        if critic is not None:
+            critic.load_state_dict(state["critic"])
     except BaseException:
         with torch.no_grad():
             for n, t in before.items():
                 params[n].copy_(t)
         tr.optimizers = new_optimizers(tr.model, tr.agents, tr.cfg)
+        if critic is not None:
+            critic.load_state_dict(critic_before)
         raise
     history = json.loads((folder / "trainer.json").read_text())["history"]
     with open(folder / "samples.jsonl") as f:
@@ -258,6 +267,41 @@ def load_checkpoint(tr: Trainer) -> int:
             tr.cfg.num_steps,
         )
     return 0
+
+
+def load_init_adapters(tr: Trainer, folder: str | Path) -> dict:
+    """Copy saved adapters into the trainer's (``train_magrpo.init_adapters``): ``folder/<agent>`` is a peft folder
+    (``adapter_model.safetensors``) per agent, of the same LoRA shape (r, alpha, target modules) as this run.
+
+    Returns ``{"init_adapters": folder, "init_adapters_sha256": <digest of the agents' weight files, 12 hex>}``,
+    what the run logs in place of the warm start's figures.
+
+    Raises:
+        FileNotFoundError: an agent's folder or weight file is missing (names it).
+        ValueError: the saved weights do not fit this run's adapters (a missing or extra tensor, another shape).
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for a in tr.agents:
+        path = folder / a / "adapter_model.safetensors"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"init_adapters: no {path} (one peft folder per agent: {', '.join(tr.agents)})"
+            )
+        digest.update(path.read_bytes())
+        state = load_file(str(path))
+        expected = {n: p.shape for n, p in tr.model.named_parameters() if f".{a}." in n and "lora_" in n}
+        result = set_peft_model_state_dict(tr.model, state, adapter_name=a)
+        missing = [k for k in result.missing_keys if f".{a}." in k and "lora_" in k]
+        if result.unexpected_keys or missing or len(state) != len(expected):
+            raise ValueError(
+                f"init_adapters: {path} does not fit agent {a}'s adapter ({len(state)} tensors saved, "
+                f"{len(expected)} expected; missing {missing[:2]}, unexpected {list(result.unexpected_keys)[:2]})"
+            )
+    return {"init_adapters": str(folder), "init_adapters_sha256": digest.hexdigest()[:12]}
 
 
 def save_adapters(tr: Trainer, out_dir: str | Path) -> list[Path]:

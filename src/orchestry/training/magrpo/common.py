@@ -73,6 +73,8 @@ class Rollout:
     weight: float = 1.0  # loss weight of this turn (``turn_weights``)
     shared_prompt: bool = True  # the G rows of a problem share one prompt (turn 1); later turns: one per row
     metrics: dict = field(default_factory=dict)  # this rollout's step metrics (coach, credit)
+    # advantage remax: the greedy joint rollout (G = 1) of the same problems at this turn, never trained
+    greedy: Rollout | None = None
 
     @staticmethod
     def row_of(n: int, a: int, g: int, agents: int, G: int) -> int:

@@ -63,7 +63,7 @@ from orchestry.llm.logprobs import completion_logprobs
 from orchestry.numerics import bf16_autocast, resolve_bf16
 from orchestry.problems import Problem
 from orchestry.rewards.coach import Coach
-from orchestry.training.magrpo import batching, checkpoints, sampling, step_log
+from orchestry.training.magrpo import batching, checkpoints, sampling, step_log, value_baselines
 from orchestry.training.magrpo.common import (
     AGENTS,
     BASE,
@@ -134,6 +134,10 @@ class MAGRPOTrainer:
     warm_start: dict | None = None
     # advantage reinforce: the running reward baseline's state per "<agent>/turn_<t>" (kept in checkpoints)
     reward_baseline: dict[str, float] = field(default_factory=dict)
+    # advantage critic: the state encoder (None: the MiniLM one, loaded then) and the value critic (kept in
+    # checkpoints); both stay None under any other estimator (training.value_baselines)
+    encoder: object | None = None
+    critic: object | None = None
 
     def __post_init__(self):
         self.checkpoint_dir = Path(self.checkpoint_dir)
@@ -148,6 +152,10 @@ class MAGRPOTrainer:
         random.Random(self.cfg.seed).shuffle(order)
         self.order = order
         self.rank, self.world_size = batching.process_group()
+        if self.cfg.advantage == "critic":
+            if self.encoder is None:
+                self.encoder = value_baselines.default_encoder()
+            self.critic = value_baselines.new_critic(self, self.encoder)
         # bf16_update resolved once for the model's device: True = bf16 autocast in the update, False = fp32
         self.bf16 = resolve_bf16(self.cfg.bf16_update, next(self.model.parameters()).device)
         self.update_decision = dict(numerics.last_update_decision)  # update_dtype, reason[, fp32_ms, bf16_ms]
@@ -177,6 +185,11 @@ class MAGRPOTrainer:
                     step_log.log_samples_table(self.samples, rec["step"])
         else:
             epochs = resolved_epochs(self.cfg, list(self.problems))
+            if self.cfg.init_adapters:  # saved adapters instead of the warm start (arms sharing one)
+                self.warm_start = checkpoints.load_init_adapters(self, self.cfg.init_adapters)
+                log.info("MAGRPO starts from %s", self.warm_start)
+                if self.rank == 0:
+                    self.save_adapters(self.warm_start_dir)
             if epochs:  # supervised warm start (training.warm_start), then MAGRPO
                 self.warm_start = run_warm_start(self, self.bf16, epochs)
                 log.info("warm start: %s", self.warm_start)
@@ -252,6 +265,8 @@ class MAGRPOTrainer:
         weights = self.cfg.turn_weights or [1.0] * self.cfg.turns
         for t, r in enumerate(turns):
             r.turn, r.weight = t, float(weights[t])
+        if self.cfg.advantage == "remax":  # the greedy joint rollout: the baseline, never trained
+            value_baselines.attach_greedy(self, turns, step)
         return turns
 
     # ------------------------------------------------------------------ advantage -> loss -> step
@@ -288,6 +303,8 @@ class MAGRPOTrainer:
             else 0.0
         }
         baselines = self.reinforce_baselines(rollouts) if self.cfg.advantage == "reinforce" else None
+        if self.cfg.advantage in ("remax", "critic"):  # greedy rewards; critic values (then its fit)
+            baselines = value_baselines.step_baselines(self, rollouts, out)
         self.model.train()
         for agent in self.agents:
             opt = self.optimizers[agent]
@@ -321,7 +338,7 @@ class MAGRPOTrainer:
         return out
 
     def _accumulate_groups(
-        self, agent: str, ro: Rollout, baselines: dict[str, float] | None = None
+        self, agent: str, ro: Rollout, baselines: dict | None = None
     ) -> tuple[float, int, float | None]:
         """Backward the group-estimator loss of ``agent``'s rows of ``ro`` (times ``ro.weight``); returns (loss,
         rows trained, mean |advantage| of the active rows). ``baselines``: :meth:`reinforce_baselines`."""
@@ -366,7 +383,7 @@ class MAGRPOTrainer:
         return loss_value, len(keep), mean_abs
 
     def advantages(
-        self, agent: str, ro: Rollout, rewards: torch.Tensor, baselines: dict[str, float] | None = None
+        self, agent: str, ro: Rollout, rewards: torch.Tensor, baselines: dict | None = None
     ) -> torch.Tensor:
         """``[N, G]`` advantages of ``agent``'s rows of ``ro`` from its ``rewards`` (the group estimators).
 
@@ -374,8 +391,12 @@ class MAGRPOTrainer:
         * agent_turn: :func:`~orchestry.algorithms.magrpo.agent_turn_advantages` (this agent's rewards, this
           turn's rollout, over the samples active in it);
         * reinforce: R - b (:func:`~orchestry.algorithms.magrpo.reinforce_advantages`), b this step's baseline of
-          the agent and turn from ``baselines`` (:meth:`reinforce_baselines`); none (no sample acted): 0.
+          the agent and turn from ``baselines`` (:meth:`reinforce_baselines`); none (no sample acted): 0;
+        * remax, critic: R - the greedy rollout's reward, R - V(s) (:mod:`orchestry.training.magrpo.value_baselines`).
         """
+        if self.cfg.advantage in ("remax", "critic"):
+            b = (baselines or {}).get(f"{agent}/turn_{ro.turn}")
+            return value_baselines.advantages(self.cfg.advantage, rewards, b)
         if self.cfg.advantage == "agent_turn":
             return agent_turn_advantages(rewards, ro.active)
         if self.cfg.advantage != "reinforce":
