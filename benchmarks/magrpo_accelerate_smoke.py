@@ -40,7 +40,8 @@ def main() -> None:
     from orchestry.problems import load_problems, split_problems
     from orchestry.rewards.code import level_rewards
     from orchestry.sandbox import Sandbox
-    from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+    from orchestry.training.magrpo import AGENTS
+    from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
     t0 = time.time()
     state = PartialState(cpu=not torch.cuda.is_available())  # as the trainer does: gloo without GPUs

@@ -224,7 +224,8 @@ def _upd_variant(variant: str) -> dict:
     import orchestry.numerics as N
     from orchestry.algorithms.magrpo import group_advantages, policy_loss
     from orchestry.config import SamplingParams, TrainMagrpoParams
-    from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+    from orchestry.training.magrpo import AGENTS
+    from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
     base, tok, problems, _, _, attach = _setup()
     ro = _synthetic_rollout(len(tok), problems)

@@ -1,6 +1,6 @@
 """Benchmark: how the cost of one MAGRPO step grows with problems per step, G, completion length and model size.
 
-Each point runs our trainer (``orchestry.training.magrpo.MAGRPOTrainer``, as shipped: decoding kernels, LoRA
+Each point runs our trainer (``orchestry.training.magrpo.trainer.MAGRPOTrainer``, as shipped: decoding kernels, LoRA
 r = 16 on q/k/v/o, one AdamW step per agent, fp32 update on a CPU without native bf16) in its own subprocess, so
 its peak resident memory is its own, for ``--steps`` optimizer steps on the first HumanEval train problems, and
 reports the mean seconds per step (generation, reward, update), completion tokens per step and peak memory.
@@ -98,7 +98,8 @@ def run_point(point: dict, steps: int, threads: int) -> None:
     random.seed(0)
     from orchestry.config import SamplingParams, TrainMagrpoParams
     from orchestry.llm.loading import attach_adapters, load_model, load_tokenizer
-    from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+    from orchestry.training.magrpo import AGENTS
+    from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
     shape = point.get("shape")
     model = _random_model(SHAPES[shape]) if shape else load_model(MODEL)[0]

@@ -286,7 +286,8 @@ def run_ours(n_problems: int, per_update: int, threads: int, decode_dtype: str =
     decode_bf16 = use_products("onednn", decode_dtype)  # model.decode_dtype
     from orchestry.llm.loading import attach_adapters, load_model
     from orchestry.numerics import cpu_bf16_supported
-    from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+    from orchestry.training.magrpo import AGENTS
+    from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
     problems = _problems(n_problems)
     model, _ = load_model(MODEL)

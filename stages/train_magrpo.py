@@ -37,8 +37,9 @@ from orchestry.runtime import (
 from orchestry.tracking.metric_names import magrpo_step_metrics, magrpo_summary_metrics
 from orchestry.tracking.models import register_adapters
 from orchestry.tracking.runs import log_metrics, stage_run
-from orchestry.training.magrpo import MAGRPOTrainer, agent_names
+from orchestry.training.magrpo import agent_names
 from orchestry.training.magrpo.batching import process_group
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 log = logging.getLogger("train_magrpo")
 

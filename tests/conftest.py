@@ -82,7 +82,8 @@ def saved_agents(tmp_path, embedded_tokenizer, one_thread):
     agent's outputs differ from the base."""
     from orchestry.config import SamplingParams, TrainMagrpoParams
     from orchestry.llm.loading import attach_adapters
-    from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+    from orchestry.training.magrpo import AGENTS
+    from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
     tok = embedded_tokenizer
     base = tmp_path / "base"

@@ -24,7 +24,8 @@ from orchestry.llm.loading import attach_adapters
 from orchestry.llm.local import Generation, GenerationBatch
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
+from orchestry.training.magrpo import AGENTS, Rollout
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 R = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
 NEW = ("rloo", "reinforce", "agent_turn")

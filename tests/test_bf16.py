@@ -20,7 +20,8 @@ from orchestry.params_file import ParamsError, load_params
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
 from orchestry.runtime import machine_info
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
+from orchestry.training.magrpo import AGENTS, Rollout
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,7 +10,8 @@ from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.loading import attach_adapters
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, checkpoints
+from orchestry.training.magrpo import AGENTS, checkpoints
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 SAMPLING = SamplingParams(max_completion_length=6, temperature=1.0, top_p=1.0)
 

@@ -13,7 +13,8 @@ from orchestry.llm.loading import adapter_parameters, attach_adapters
 from orchestry.llm.local import Generation, GenerationBatch
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
+from orchestry.training.magrpo import AGENTS, Rollout
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 

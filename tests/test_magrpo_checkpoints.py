@@ -16,7 +16,8 @@ from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.loading import attach_adapters
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+from orchestry.training.magrpo import AGENTS
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 SAMPLING = SamplingParams(max_completion_length=6, temperature=1.0, top_p=1.0)
 

@@ -17,7 +17,8 @@ from orchestry.llm.local import Generation, GenerationBatch
 from orchestry.llm.logprobs import completion_logprobs
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
+from orchestry.training.magrpo import AGENTS, Rollout
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.3])

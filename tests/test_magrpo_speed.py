@@ -13,7 +13,8 @@ from orchestry.llm.local import Generation, GenerationBatch, generate
 from orchestry.llm.logprobs import completion_logprobs
 from orchestry.problems import load_problems
 from orchestry.rewards.code import LevelReward
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
+from orchestry.training.magrpo import AGENTS, Rollout
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 VOCAB, EOS = 64, 0
 

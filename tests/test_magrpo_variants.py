@@ -25,7 +25,8 @@ from orchestry.rewards.coach import Coach
 from orchestry.rewards.code import LevelReward
 from orchestry.sandbox import Sandbox
 from orchestry.tasks.multi_turn import feedback_text, next_turn_prompts
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout
+from orchestry.training.magrpo import AGENTS, Rollout
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 WTF = ("writer", "tester", "fixer")
 

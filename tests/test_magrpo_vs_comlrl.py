@@ -33,7 +33,8 @@ from orchestry.llm.loading import adapter_parameters, attach_adapters  # noqa: E
 from orchestry.llm.local import Generation, GenerationBatch  # noqa: E402
 from orchestry.problems import load_problems  # noqa: E402
 from orchestry.rewards.code import LevelReward  # noqa: E402
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout  # noqa: E402
+from orchestry.training.magrpo import AGENTS, Rollout  # noqa: E402
+from orchestry.training.magrpo.trainer import MAGRPOTrainer  # noqa: E402
 
 VOCAB = 64
 PAD = EOS = 0  # as in the embedded model: the pad token is the end-of-text token

@@ -38,7 +38,8 @@ from orchestry.tracking.models import (
     samples_table,
 )
 from orchestry.tracking.runs import stage_run
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+from orchestry.training.magrpo import AGENTS
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 NAME = "orchestry-magrpo-test"
 NEW_TOKENS = 8

@@ -126,7 +126,8 @@ def test_magrpo_bar_uses_the_shared_switch(
 
     from orchestry.config import SamplingParams, TrainMagrpoParams
     from orchestry.llm.loading import attach_adapters
-    from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+    from orchestry.training.magrpo import AGENTS
+    from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
     tok = embedded_tokenizer
     sampling = SamplingParams(max_completion_length=4, temperature=1.0, top_p=1.0)

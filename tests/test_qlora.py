@@ -16,7 +16,8 @@ from orchestry.llm.loading import attach_adapters, load_model
 from orchestry.llm.local import Generation, GenerationBatch  # noqa: E402
 from orchestry.problems import load_problems  # noqa: E402
 from orchestry.rewards.code import LevelReward  # noqa: E402
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, Rollout  # noqa: E402
+from orchestry.training.magrpo import AGENTS, Rollout  # noqa: E402
+from orchestry.training.magrpo.trainer import MAGRPOTrainer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

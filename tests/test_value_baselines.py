@@ -17,7 +17,8 @@ from orchestry.llm.loading import attach_adapters
 from orchestry.llm.local import chat_prompt, generate
 from orchestry.problems import HELPER_SYSTEM, MAIN_SYSTEM, load_problems
 from orchestry.rewards.code import LevelReward
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer, value_baselines
+from orchestry.training.magrpo import AGENTS, value_baselines
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 SAMPLING = SamplingParams(max_completion_length=6, temperature=1.0, top_p=1.0)
 

@@ -14,7 +14,8 @@ from orchestry.llm.loading import attach_adapters
 from orchestry.llm.logprobs import completion_logprobs
 from orchestry.problems import load_problems, make_problem
 from orchestry.rewards.code import level_rewards
-from orchestry.training.magrpo import AGENTS, MAGRPOTrainer
+from orchestry.training.magrpo import AGENTS
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 from orchestry.training.magrpo.warm_start import (
     _batch,
     _tokenize,

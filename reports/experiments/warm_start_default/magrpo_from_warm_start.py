@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from orchestry.params_file import load_params
 from orchestry.problems import read_problems
 from orchestry.runtime import build_policy, open_sandbox
-from orchestry.training.magrpo import MAGRPOTrainer
+from orchestry.training.magrpo.trainer import MAGRPOTrainer
 
 
 def main() -> None:

@@ -109,7 +109,7 @@ def new_optimizers(model, agents: Sequence[str], cfg: TrainMagrpoParams) -> dict
 
 class Trainer(Protocol):
     """The trainer's state that its parts (rollouts, turns, rewards, workflows, sampling, checkpoints, step log)
-    read and write: :class:`orchestry.training.magrpo.MAGRPOTrainer` is one."""
+    read and write: :class:`orchestry.training.magrpo.trainer.MAGRPOTrainer` is one."""
 
     model: object
     tokenizer: object
