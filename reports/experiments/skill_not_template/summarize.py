@@ -1,13 +1,14 @@
 """Tables of the skill-not-template experiment: each arm's trained pair against the base pair, per set.
 
-    python summarize.py ARM [ARM ...] [--seeds 0 1 2] [--out summary.md]
+    python summarize.py ARM [ARM ...] [--seeds 0 1 2] [--out summary.md] [--pass4]
 
 Reads ARM/seedS/trained/<set>.jsonl and base/seedS/<set>.jsonl (the same evaluate seed S + 1 for both pairs).
 Per set: pass@1 of each pair, trained - base with a 95 % paired bootstrap over problems (each problem's samples of
 all seeds pooled; 2,000 resamples, seed 0), the per-seed differences, pass@2, the gated cooperation rate (samples
 earning the cooperation level), the chain-form share and distinct solutions of the trained pair
 (orchestry.analysis.metrics). "external" pools easy40, mbpp_easy and others_a (120 problems: the reported sets);
-others_val is the validation set.
+others_val is the validation set. --pass4: pass@1 and pass@4 from 4 samples per problem and seed (the first 2 and
+more_samples.sh's 2), trained - base with the same bootstrap, the per-seed pass@4 differences.
 """
 
 import argparse
@@ -94,11 +95,70 @@ def arm_rows(arm: str, seeds: list[int]) -> list[str]:
     return rows
 
 
+def four_samples(folder: Path, extra: str, name: str) -> dict[str, list[dict]]:
+    """A pair's 4 samples per problem for one seed: the first 2 (evaluate seed S + 1) and the 2 of more_samples.sh
+    (seed S + 101, in folder/extra)."""
+    groups = by_problem(load(folder, name))
+    for k, v in by_problem(load(folder / extra, name)).items():
+        groups[k] += v
+    return groups
+
+
+def per_problem(groups: list[dict], fn) -> dict[str, float]:
+    """fn of each problem's samples, averaged over the seeds."""
+    return {t: float(np.mean([fn(g[t]) for g in groups])) for t in groups[0]}
+
+
+def diff_ci(base: dict, trained: dict, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    d = np.array([trained[t] - base[t] for t in sorted(base)])
+    rng = np.random.default_rng(seed)
+    boots = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(axis=1)
+    return float(d.mean()), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
+
+
+def pass4_rows(arm: str, seeds: list[int]) -> list[str]:
+    """pass@1 and pass@4 from 4 samples per problem and seed (the seeds' estimates averaged per problem), trained
+    - base with a paired bootstrap over problems, and the per-seed differences of pass@4."""
+    rows = []
+    p1 = lambda v: float(np.mean([is_pass(r) for r in v]))  # noqa: E731
+    p4 = lambda v: pass_at_k(len(v), sum(map(is_pass, v)), 4)  # noqa: E731
+    for name in [n for n in SETS if n != "others_val"]:
+        b = [four_samples(HERE / "base" / f"seed{s}", "more", name) for s in seeds]
+        t = [four_samples(HERE / arm / f"seed{s}" / "trained", "../trained_more", name) for s in seeds]
+        if any(len(v) != 4 for g in b + t for v in g.values()):
+            raise SystemExit(f"{name}: not 4 samples per problem in every seed (run more_samples.sh)")
+        cells = []
+        for fn in (p1, p4):
+            pb, pt = per_problem(b, fn), per_problem(t, fn)
+            m, lo, hi = diff_ci(pb, pt)
+            star = " *" if lo > 0 or hi < 0 else ""
+            cells.append(f"{np.mean(list(pb.values())):.3f} → {np.mean(list(pt.values())):.3f} | "
+                         f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]{star}")  # fmt: skip
+        seeds_p4 = [
+            diff_ci(per_problem([bb], p4), per_problem([tt], p4))[0] for bb, tt in zip(b, t, strict=True)
+        ]
+        rows.append(f"| {arm} | {name} ({len(b[0])}) | {cells[0]} | {cells[1]} | "
+                    f"{', '.join(f'{x:+.3f}' for x in seeds_p4)} |")  # fmt: skip
+    return rows
+
+
 ap = argparse.ArgumentParser()
 ap.add_argument("arms", nargs="+")
 ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
 ap.add_argument("--out", default=None)
+ap.add_argument("--pass4", action="store_true", help="the 4-sample table (pass@1, pass@4) instead")
 a = ap.parse_args()
+if a.pass4:
+    head4 = [
+        "| arm | set (problems) | pass@1 base → trained (4 samples) | trained − base [95 % CI] | pass@4 base → "
+        "trained | trained − base [95 % CI] | pass@4 difference per seed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    text = "\n".join(head4 + [row for arm in a.arms for row in pass4_rows(arm, a.seeds)]) + "\n"
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text)
+    raise SystemExit(0)
 head = [
     "| arm | set (problems) | base pass@1 | trained pass@1 | trained − base, seeds pooled [95 % CI] | per seed | "
     "pass@k (k = 2 per seed; pooled n) base → trained | gated cooperation base → trained | chain form base → "
