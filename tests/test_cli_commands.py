@@ -177,8 +177,9 @@ def test_ctrl_c_during_evaluate_leaves_samples_and_out_as_they_were(agents, eval
         "ORCHESTRY_PROGRESS": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }  # bars say which pair runs
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
-    err = b""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    err = b""  # (SIG_DFL: a suite run as a background job has SIGINT ignored, and its children inherit that)
     try:
         while b"magrpo: generate" not in err:  # the base pair is done (the old code had written base.jsonl)
             chunk = proc.stderr.read1(4096)

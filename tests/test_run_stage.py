@@ -1,6 +1,7 @@
 """``orchestry.runtime.run_stage``: a stage process ends right after ``main`` without losing anything it wrote."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -41,8 +42,19 @@ def _run(tmp_path: Path, **env) -> subprocess.CompletedProcess:
     (tmp_path / "stage.py").write_text(SCRIPT)
     environ = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
     return subprocess.run(
-        [sys.executable, "stage.py"], cwd=tmp_path, capture_output=True, text=True, env={**environ, **env}
+        [sys.executable, "stage.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**environ, **env},
+        preexec_fn=default_sigint,
     )
+
+
+def default_sigint() -> None:
+    """The child takes Ctrl-C as a terminal's foreground process does: a test suite started as a background job of a
+    non-interactive shell has SIGINT ignored, which its children inherit (then Python installs no handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_success_runs_exit_handlers_flushes_and_skips_teardown(tmp_path):
