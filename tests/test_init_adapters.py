@@ -73,7 +73,7 @@ def test_init_adapters_that_do_not_fit_fail_clearly(tmp_path, embedded_tokenizer
     tok = embedded_tokenizer
     _saved(tmp_path, tiny_llama, tok)  # r 4
     tr = _trainer(tiny_llama, tok, tmp_path / "ck", TrainMagrpoParams(bf16_update=False), r=8)
-    with pytest.raises((ValueError, RuntimeError), match="size mismatch|does not fit"):
+    with pytest.raises(ValueError, match="does not fit agent helper.*other shapes .*saved .*4.*this run .*8"):
         checkpoints.load_init_adapters(tr, tmp_path / "saved")
     with pytest.raises(FileNotFoundError, match="helper"):
         checkpoints.load_init_adapters(tr, tmp_path / "missing")

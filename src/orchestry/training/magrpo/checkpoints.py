@@ -19,6 +19,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -281,7 +282,7 @@ def load_init_adapters(tr: Trainer, folder: str | Path) -> dict:
         ValueError: the saved weights do not fit this run's adapters (a missing or extra tensor, another shape).
     """
     from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     folder = Path(folder)
     digest = hashlib.sha256()
@@ -291,16 +292,25 @@ def load_init_adapters(tr: Trainer, folder: str | Path) -> dict:
             raise FileNotFoundError(
                 f"init_adapters: no {path} (one peft folder per agent: {', '.join(tr.agents)})"
             )
-        digest.update(path.read_bytes())
-        state = load_file(str(path))
-        expected = {n: p.shape for n, p in tr.model.named_parameters() if f".{a}." in n and "lora_" in n}
-        result = set_peft_model_state_dict(tr.model, state, adapter_name=a)
-        missing = [k for k in result.missing_keys if f".{a}." in k and "lora_" in k]
-        if result.unexpected_keys or missing or len(state) != len(expected):
+        data = path.read_bytes()  # read once: hashed and loaded from the same bytes
+        digest.update(data)
+        state = load(data)
+        # peft saves ``...lora_A.weight`` for the parameter ``...lora_A.<agent>.weight``
+        expected = {
+            re.sub(rf"\.(lora_\w+)\.{re.escape(a)}\.", r".\1.", n): tuple(p.shape)
+            for n, p in tr.model.named_parameters()
+            if f".{a}." in n and "lora_" in n
+        }
+        saved = {k: tuple(v.shape) for k, v in state.items()}
+        wrong = sorted(k for k in expected.keys() & saved.keys() if expected[k] != saved[k])
+        if saved.keys() != expected.keys() or wrong:
+            missing, extra = sorted(expected.keys() - saved.keys()), sorted(saved.keys() - expected.keys())
+            shapes = [f"{k}: saved {saved[k]}, this run {expected[k]}" for k in wrong[:1]]
             raise ValueError(
-                f"init_adapters: {path} does not fit agent {a}'s adapter ({len(state)} tensors saved, "
-                f"{len(expected)} expected; missing {missing[:2]}, unexpected {list(result.unexpected_keys)[:2]})"
+                f"init_adapters: {path} does not fit agent {a}'s adapter ({len(saved)} tensors saved, "
+                f"{len(expected)} expected; missing {missing[:2]}, unexpected {extra[:2]}, other shapes {shapes})"
             )
+        set_peft_model_state_dict(tr.model, state, adapter_name=a)
     return {"init_adapters": str(folder), "init_adapters_sha256": digest.hexdigest()[:12]}
 
 
