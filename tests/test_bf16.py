@@ -84,10 +84,11 @@ def test_true_on_emulated_bf16_warns_in_one_line(monkeypatch, caplog) -> None:
 def test_auto_on_a_native_cpu_follows_the_recorded_measurement(monkeypatch, measured_bf16_faster) -> None:
     monkeypatch.setattr(N, "cpu_bf16_supported", lambda: True)
     assert N.resolve_bf16("auto", "cpu") is True
-    assert N.last_update_decision["update_dtype"] == "bf16" and N.last_update_decision["bf16_ms"] == 5.0
+    decision = N.update_dtype_decision("auto", "cpu")
+    assert decision["update_dtype"] == "bf16" and decision["bf16_ms"] == 5.0
     _record(measured_bf16_faster.parent, "fp32", fp32_ms=10.0, bf16_ms=70.0)  # native, but measured slower
     assert N.resolve_bf16("auto", "cpu") is False
-    assert N.last_update_decision == {
+    assert N.update_dtype_decision("auto", "cpu") == {
         "update_dtype": "fp32",
         "reason": f"auto: measured on this CPU, fp32 10.0 ms vs bf16 70.0 ms ({measured_bf16_faster})",
         "fp32_ms": 10.0,

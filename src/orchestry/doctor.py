@@ -68,7 +68,7 @@ def fingerprint(model_path: str | Path, bf16_update: str | bool = False) -> dict
 
     Args:
         model_path: the embedded model's folder (``models/base``, written by the prepare stage).
-        bf16_update: ``train_magrpo.bf16_update`` (resolved here by :func:`orchestry.numerics.resolve_bf16`; the
+        bf16_update: ``train_magrpo.bf16_update`` (resolved here by :func:`orchestry.numerics.update_dtype_decision`; the
             training step runs in that dtype).
 
     Returns:
@@ -94,8 +94,8 @@ def fingerprint(model_path: str | Path, bf16_update: str | bool = False) -> dict
     out = generate(model, tok, prompts * 2, max_new_tokens=48, temperature=0.8, top_p=0.95, seed=0,
                    stop_at_code_end=False)  # fmt: skip
 
-    bf16 = numerics.resolve_bf16(bf16_update, "cpu")
-    decision = dict(numerics.last_update_decision)
+    decision = numerics.update_dtype_decision(bf16_update, "cpu")
+    bf16 = decision["update_dtype"] == "bf16"
     peft_model = attach_adapters(model, ["helper"], seed=0)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)

@@ -261,13 +261,14 @@ def recorded_update_dtype(measure=measure_update_dtype) -> dict:
     return {"key": key, **entry, "recorded": str(path)}
 
 
-#: How the last :func:`resolve_bf16` call decided (``update_dtype``, ``reason``, and the measurement if one was
-#: used): logged by the trainer beside its result.
-last_update_decision: dict = {}
-
-
 def resolve_bf16(setting: str | bool, device) -> bool:
-    """Whether the training forward/backward runs under bf16 autocast, from ``train_magrpo.bf16_update``.
+    """Whether the training forward/backward runs under bf16 autocast: :func:`update_dtype_decision`'s answer as a
+    bool, for :func:`bf16_autocast`."""
+    return update_dtype_decision(setting, device)["update_dtype"] == "bf16"
+
+
+def update_dtype_decision(setting: str | bool, device) -> dict:
+    """Whether the training forward/backward runs under bf16 autocast, from ``train_magrpo.bf16_update``, and why.
 
     Args:
         setting: ``"auto"``: on a CPU, bf16 only where it is native (:func:`cpu_bf16_supported`: AVX-512 BF16 /
@@ -281,16 +282,16 @@ def resolve_bf16(setting: str | bool, device) -> bool:
         device: the model's device (``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``).
 
     Returns:
-        True for bf16 autocast, False for fp32; pass it to :func:`bf16_autocast`. How it was decided is left in
-        :data:`last_update_decision`.
+        ``{"update_dtype": "bf16" | "fp32", "reason": str}``, plus ``fp32_ms`` and ``bf16_ms`` when the recorded
+        measurement decided: the trainer logs it beside its result, ``orchestry doctor`` prints it.
+
+    Raises:
+        ValueError: any other setting.
     """
     import torch
 
-    last_update_decision.clear()
-
-    def decided(bf16: bool, reason: str, **measured) -> bool:
-        last_update_decision.update(update_dtype="bf16" if bf16 else "fp32", reason=reason, **measured)
-        return bf16
+    def decided(bf16: bool, reason: str, **measured) -> dict:
+        return {"update_dtype": "bf16" if bf16 else "fp32", "reason": reason, **measured}
 
     if setting is False:
         return decided(False, "bf16_update false")

@@ -46,7 +46,6 @@ from pathlib import Path
 
 import torch
 
-from orchestry import numerics
 from orchestry.algorithms.magrpo import (
     agent_turn_advantages,
     group_advantages,
@@ -60,7 +59,7 @@ from orchestry.algorithms.reinforce_pp import reinforce_pp_advantages, token_pol
 from orchestry.config import SamplingParams, TrainMagrpoParams
 from orchestry.llm.loading import adapter_parameters
 from orchestry.llm.logprobs import completion_logprobs
-from orchestry.numerics import bf16_autocast, resolve_bf16
+from orchestry.numerics import bf16_autocast, update_dtype_decision
 from orchestry.problems import Problem
 from orchestry.rewards.coach import Coach
 from orchestry.training.magrpo import batching, checkpoints, sampling, step_log, value_baselines
@@ -157,8 +156,11 @@ class MAGRPOTrainer:
                 self.encoder = value_baselines.default_encoder()
             self.critic = value_baselines.new_critic(self, self.encoder)
         # bf16_update resolved once for the model's device: True = bf16 autocast in the update, False = fp32
-        self.bf16 = resolve_bf16(self.cfg.bf16_update, next(self.model.parameters()).device)
-        self.update_decision = dict(numerics.last_update_decision)  # update_dtype, reason[, fp32_ms, bf16_ms]
+        # update_dtype, reason[, fp32_ms, bf16_ms]
+        self.update_decision = update_dtype_decision(
+            self.cfg.bf16_update, next(self.model.parameters()).device
+        )
+        self.bf16 = self.update_decision["update_dtype"] == "bf16"
         log.info(
             "train_magrpo.bf16_update %s: the update runs in %s (%s)",
             self.cfg.bf16_update,
