@@ -28,6 +28,7 @@ from dataclasses import replace
 
 import torch
 
+from orchestry.config import TrainMagrpoParams
 from orchestry.generators.compositional import delegated_decomposition, reference_decomposition
 from orchestry.llm.frozen import cast_once
 from orchestry.llm.loading import adapter_parameters
@@ -92,12 +93,12 @@ def has_reference_decomposition(p: Problem) -> bool:
     return True
 
 
-def resolved_epochs(cfg, problems: list[Problem]) -> int:
+def resolved_epochs(cfg: TrainMagrpoParams, problems: list[Problem]) -> int:
     """The warm start's epochs: ``cfg.warm_start_epochs``, with ``auto`` resolved to
     :data:`AUTO_WARM_START_EPOCHS` when the workflow is helper_main and every problem has a reference
     decomposition (:func:`has_reference_decomposition`), else 0 (HumanEval, MBPP, any other problem file); 0 when
     ``init_adapters`` names saved adapters to start from."""
-    if getattr(cfg, "init_adapters", None):  # MAGRPO starts from saved adapters instead
+    if cfg.init_adapters:  # MAGRPO starts from saved adapters instead
         return 0
     if cfg.warm_start_epochs != "auto":
         return int(cfg.warm_start_epochs)
