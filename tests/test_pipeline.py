@@ -127,9 +127,30 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     runs = client.search_runs([exp.experiment_id], filter_string="tags.dvc_experiment = 'seed1'")
     ran = sorted(r.data.tags.get("stage", "<parent>") for r in runs)
     assert ran == ["<parent>", "detect_schemes", "evaluate", "plot", "train_magrpo"], ran
+
+    # the peers' estimators are DVC experiments of the training stage: ReMax's greedy rollouts are counted, the
+    # per-agent critic logs its value fit (a misspelt estimator: the end of this test)
+    for name, sets, column in [("remax", ["train_magrpo.advantage=remax"], "remax/greedy_reward"),
+                               ("iac", ["train_magrpo.advantage=critic", "train_magrpo.critic=per_agent"],
+                                "critic/value_loss_after")]:  # fmt: skip
+        cmd = [sys.executable, "-m", "dvc", "exp", "run", "train_magrpo", "-n", name]
+        run(cmd + [arg for kv in sets for arg in ("-S", kv)], repo, env)
+        steps = (repo / "reports/train/magrpo_steps.csv").read_text().splitlines()  # the experiment's outputs
+        assert column in steps[0].split(","), steps[0]
+        summary = json.loads((repo / "reports/train/magrpo.json").read_text())
+        assert (summary.get("greedy_prompt_tokens", 0) > 0) == (name == "remax"), summary
     # evaluate run by hand after a change to what evaluate_base reads (its code): refused, before any model loads
     script = repo / "stages/evaluate_base.py"
     script.write_text(script.read_text() + "# changed\n")
     with pytest.raises(SmokeError) as stale:
         run([sys.executable, "stages/evaluate.py"], repo, env)
     assert "samples made from other code, data or base model" in stale.value.output
+
+    # a misspelt estimator: the training stage fails naming the key (last: it leaves the value in params.yaml)
+    with pytest.raises(SmokeError) as misspelt:
+        run(
+            [sys.executable, "-m", "dvc", "exp", "run", "train_magrpo", "-S", "train_magrpo.advantage=remx"],
+            repo,
+            env,
+        )
+    assert "advantage" in misspelt.value.output and "'remax'" in misspelt.value.output, misspelt.value.output
