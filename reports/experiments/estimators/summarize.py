@@ -6,10 +6,11 @@ Reads ARM/seedS/trained/<set>.jsonl and mean/seedS/trained/<set>.jsonl (the defa
 from the same warm start through train_magrpo.init_adapters); the base pair's samples are the skill-not-template
 experiment's (../skill_not_template/base/seedS/: they depend on the evaluate seed S + 1 only). Per set: pass@1 of
 the arm, arm - base and arm - mean with a 95 % paired bootstrap over problems (each problem's samples of all seeds
-pooled; 2,000 resamples, seed 0), gated cooperation.
+pooled; 2,000 resamples, seed 0), gated cooperation. Then per seed: the points on test and external, the run's tokens and training seconds.
 """
 
 import argparse
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -24,8 +25,6 @@ EXTERNAL = ["easy40", "mbpp_easy", "others_a"]
 
 
 def records(path: Path) -> list[dict]:
-    import json
-
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
@@ -76,6 +75,31 @@ for arm in a.arms:
         lines.append(
             f"| {arm} | {seeds} | {name} ({len(tr)}) | {p1:.3f} | {paired(base, tr)} | {paired(mean, tr)} | {coop:.3f} |"
         )
+lines += [
+    "",
+    "Per seed (points; the interval above pools the seeds), and what training cost (magrpo.json, times.json):",
+    "",
+    "| arm | seed | test pass@1 | − base | − mean | external pass@1 | − base | − mean | prompt / completion tokens | train s |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def rate(folder: Path, name: str) -> float:
+    return float(np.mean([is_pass(r) for v in load(folder, name).values() for r in v]))
+
+
+for arm in a.arms:
+    for s in a.seeds:
+        cells = []
+        for name in ("test", "external"):
+            own = rate(HERE / arm / f"seed{s}" / "trained", name)
+            base = rate(SNT / "base" / f"seed{s}", name)
+            mean = rate(HERE / "mean" / f"seed{s}" / "trained", name)
+            cells += [f"{own:.3f}", f"{own - base:+.3f}", f"{own - mean:+.3f}"]
+        run = json.loads((HERE / arm / f"seed{s}" / "magrpo.json").read_text())
+        times = json.loads((HERE / arm / f"seed{s}" / "times.json").read_text())
+        tokens = f"{run['prompt_tokens']:,} / {run['completion_tokens']:,}"
+        lines.append(f"| {arm} | {s} | " + " | ".join(cells) + f" | {tokens} | {times['train_s']} |")
 text = "\n".join(lines) + "\n"
 print(text)
 if a.out:
