@@ -39,7 +39,7 @@ log = logging.getLogger("baselines")
 OUT = Path("reports/baselines")
 #: The run's bookkeeping (uncached, in git): the methods in order, the model's load seconds, the sampling calls read
 #: from the store, the machine (each method's seconds are in its ``<method>.json``). Its digest links a later execution that did not run the stage to this run
-#: (:func:`orchestry.tracking.runs.link_cached_stages`).
+#: (:func:`orchestry.tracking.stage_cache.link_cached_stages`).
 MADE = Path("reports/baselines.json")
 
 

@@ -1,6 +1,6 @@
 """Stage `plot`: PNG figures under reports/figures/ (learning curves, methods, schemes, API-GRPO, orchestrator)
 and the HTML report of every result, reports/index.html (:mod:`orchestry.reporting.report`). The last stage: it also copies
-the execution's key metrics onto the pipeline execution's parent MLflow run (tracking.log_execution_metrics)."""
+the execution's key metrics onto the pipeline execution's parent MLflow run (tracking.ui.log_execution_metrics)."""
 
 import json
 import sys
@@ -20,7 +20,8 @@ from orchestry.reporting.plots_orchestrator import plot_orchestrator
 from orchestry.reporting.report import ReportError, write_report
 from orchestry.reporting.results import results_markdown
 from orchestry.runtime import run_stage, start_stage
-from orchestry.tracking.runs import log_execution_metrics, stage_run
+from orchestry.tracking.runs import stage_run
+from orchestry.tracking.ui import log_execution_metrics
 
 OUT = Path("reports/figures")
 REPORT = Path("reports/index.html")

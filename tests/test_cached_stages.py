@@ -17,7 +17,7 @@ import pytest
 
 from orchestry.reporting.compare import executions, load_runs
 from orchestry.smoke import clean_env
-from orchestry.tracking.runs import OUTPUTS_TAG, cached_run_tag, outputs_digest
+from orchestry.tracking.stage_cache import OUTPUTS_TAG, cached_run_tag, outputs_digest
 
 TRAIN = """
 import json, pathlib, sys, yaml
@@ -201,7 +201,7 @@ def test_the_stage_graph_is_kept_under_the_bytes_of_dvc_yaml_and_params(tmp_path
     what it returns: edited by hand, the edit comes back) and asks DVC again when either changes, when the file is
     unreadable or asked from another directory, and never keeps one when dvc.yaml names vars (files the key does
     not cover)."""
-    from orchestry.tracking.runs import _read_dvc_stages, dvc_stages
+    from orchestry.tracking.stage_cache import _read_dvc_stages, dvc_stages
 
     subprocess.run(["dvc", "init", "-q", "--no-scm"], cwd=tmp_path, check=True, env=clean_env())
     monkeypatch.chdir(tmp_path)  # as in a stage: DVC names stages relative to the working directory

@@ -400,7 +400,8 @@ def timed_store(tmp_path, monkeypatch):
     run of prepare, train_magrpo (with a warm start) and evaluate (twice), then experiment ``exp-t`` that ran evaluate
     only and links the other two stages to the workspace's runs (the ``cached_run.<stage>`` tags that
     ``link_cached_stages`` writes when DVC restores them from its cache)."""
-    from orchestry.tracking.runs import cached_run_tag, log_metrics, stage_run
+    from orchestry.tracking.runs import log_metrics, stage_run
+    from orchestry.tracking.stage_cache import cached_run_tag
 
     monkeypatch.chdir(tmp_path)
     for var in ("DVC_ROOT", "DVC_EXP_NAME"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestry.analysis.code_ast import chain_form, normalized_solution
+from orchestry.analysis.code_forms import chain_form, normalized_solution
 from orchestry.analysis.metrics import chain_form_rate, distinct_solutions, joint_program, summarize
 from orchestry.config import TrainMagrpoParams
 from orchestry.problems import Problem

@@ -21,12 +21,12 @@ from orchestry.generators.beginner import (
     SPECS,
     TEMPLATES,
     GeneratorError,
-    Template,
     _fill,
     beginner_problems,
     delegated_targets,
     split_templates,
 )
+from orchestry.generators.beginner.template import Template
 from orchestry.problems import Problem, check_canonical_solutions, make_problem
 
 SEEDS = (0, 1, 2)

@@ -25,7 +25,8 @@ from orchestry.tracking.metric_names import (
     renamed,
     scheme_metrics,
 )
-from orchestry.tracking.runs import execution_metrics, log_metrics, stage_run
+from orchestry.tracking.runs import log_metrics, stage_run
+from orchestry.tracking.ui import execution_metrics
 
 
 # ---- reading docs/metrics.md (test-only: the stages build names, this checks them against the table) ----

@@ -105,7 +105,7 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     # a plot-only DVC experiment runs plot alone; its parent run links the runs that made every other stage's
     # outputs (tags cached_run.<stage>), so `orchestry compare` shows the whole execution (issue 26)
     from orchestry.reporting.compare import DEFAULT_METRICS, executions, load_runs
-    from orchestry.tracking.runs import OUTPUTS_TAG, cached_run_tag
+    from orchestry.tracking.stage_cache import OUTPUTS_TAG, cached_run_tag
 
     assert all(OUTPUTS_TAG in r.data.tags for r in stages.values())
     run([sys.executable, "-m", "dvc", "exp", "run", "-n", "dpi61", "-S", "plot.dpi=61"], repo, env)

@@ -23,7 +23,8 @@ import yaml
 
 from orchestry.algorithms.orchestrator import step_rewards
 from orchestry.reporting.report import FIGURES, OBJECTIVE_LABEL, ReportError, ui_address, write_report
-from orchestry.tracking.runs import stage_run, ui_base
+from orchestry.tracking.runs import stage_run
+from orchestry.tracking.ui import ui_base
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)

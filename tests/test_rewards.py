@@ -266,7 +266,7 @@ def test_wrapper_shapes_get_only_the_call_bonus(sandbox, main: str) -> None:
 def test_wrapper_follows_copies_not_computation(body: str, wrapper: bool) -> None:
     import ast
 
-    from orchestry.analysis.code_ast import is_wrapper_body
+    from orchestry.analysis.aux_calls import is_wrapper_body
 
     fn = ast.parse(f"def f(x):\n    {body}\n").body[0]
     assert is_wrapper_body(fn) is wrapper

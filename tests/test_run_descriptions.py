@@ -9,7 +9,8 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestry.tracking.runs import NOTE_TAG, params_diff, stage_run
+from orchestry.tracking.descriptions import NOTE_TAG, params_diff
+from orchestry.tracking.runs import stage_run
 
 
 def _git(root, *args) -> None:

@@ -22,18 +22,15 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from orchestry.tracking.runs import (
+from orchestry.tracking.execution import execution_key, pipeline_execution
+from orchestry.tracking.runs import log_metrics, stage_run, tracking_uri
+from orchestry.tracking.ui import (
     VIEW_METRICS,
     VIEW_TAG,
     VIEW_TAGS,
-    execution_key,
     execution_metrics,
     log_execution_metrics,
-    log_metrics,
-    pipeline_execution,
     runs_table_url,
-    stage_run,
-    tracking_uri,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

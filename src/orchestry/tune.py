@@ -5,7 +5,7 @@ direction), the searched params keys with their ranges, params fixed for every t
 :func:`tune` asks Optuna's TPE sampler for values and runs each trial as ``dvc exp run --temp -n NAME -S key=value
 ...`` in the repository, so each trial is an ordinary DVC experiment (reproducible, listed by ``dvc exp show``,
 ``dvc exp apply``-able), whose stage runs land in MLflow tagged ``optuna_study`` and ``optuna_trial`` (the
-stages read :data:`orchestry.tracking.runs.TUNE_STUDY_ENV` / :data:`~orchestry.tracking.runs.TUNE_TRIAL_ENV`); the
+stages read :data:`orchestry.tracking.execution.TUNE_STUDY_ENV` / :data:`~orchestry.tracking.execution.TUNE_TRIAL_ENV`); the
 objective is read back from the experiment's ``reports/metrics.json``: its commit, named by ``dvc exp show --json``
 (the file is a plain output, not a DVC metric, so that ``dvc exp show`` stays readable).
 
@@ -32,7 +32,7 @@ from typing import Any, Union, get_args, get_origin
 
 import yaml
 
-from orchestry.tracking.runs import TUNE_STUDY_ENV, TUNE_TRIAL_ENV
+from orchestry.tracking.execution import TUNE_STUDY_ENV, TUNE_TRIAL_ENV
 
 #: Default storage file, relative to the repository root (``/.orchestry/`` is git-ignored).
 DEFAULT_STORAGE_FILE = ".orchestry/optuna.db"

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from scipy import stats
 
-from orchestry.analysis.code_ast import chain_form, normalized_solution
+from orchestry.analysis.code_forms import chain_form, normalized_solution
 from orchestry.analysis.extract import extract_code
 
 LEVELS = ("structure", "syntax", "tests", "cooperation")
@@ -103,7 +103,7 @@ def _has_texts(records: Iterable[dict]) -> bool:
 
 
 def chain_form_rate(records: Sequence[dict], entry_points: Mapping[str, str] | None = None) -> float | None:
-    """Share of ``records`` whose main answer is in chain form (:func:`orchestry.analysis.code_ast.chain_form`),
+    """Share of ``records`` whose main answer is in chain form (:func:`orchestry.analysis.code_forms.chain_form`),
     judged on the code extracted from the record's ``main`` text: main's answer for a helper/main pair, the one
     answer of a single-agent baseline, the fixer's code of the writer/tester/fixer workflow.
 
@@ -122,7 +122,7 @@ def chain_form_rate(records: Sequence[dict], entry_points: Mapping[str, str] | N
 
 
 def joint_program(record: dict) -> str:
-    """The sample's normalised joint program (:func:`orchestry.analysis.code_ast.normalized_solution` of the
+    """The sample's normalised joint program (:func:`orchestry.analysis.code_forms.normalized_solution` of the
     helper's code, then of main's): equal for two samples that differ only by local names, comments, docstrings
     or formatting."""
     return (

@@ -31,7 +31,7 @@ Precedence when several apply (most specific evidence of *using* aux's result fi
 call with no branch, loop or ``try``, so it never competes with the first three; it is checked before
 decorator.
 
-The code is read by :mod:`orchestry.analysis.code_ast` (its docstring has the scoping rules): it finds the entry point's
+The code is read by :mod:`orchestry.analysis.aux_calls` (:mod:`orchestry.analysis.code_ast` has the scoping rules): it finds the entry point's
 aux calls and the evidence around them (``signals``); this module names the scheme from that evidence.
 """
 
@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from orchestry.analysis.code_ast import AuxCallInfo, aux_uses
+from orchestry.analysis.aux_calls import AuxCallInfo, aux_uses
 
 SCHEMES = ("fallback", "decorator", "coordinator", "strategy_filter", "wrapper", "none")
 PRECEDENCE = ("fallback", "strategy_filter", "coordinator", "decorator", "wrapper", "none")
@@ -51,11 +51,11 @@ _COORDINATOR_SIGNALS = frozenset({"loop", "passed"})
 
 
 def aux_call_info(main_code: str, entry_point: str | None = None, aux_name: str = "aux") -> AuxCallInfo:
-    """How the entry point of ``main_code`` uses the helper ``aux_name`` (:func:`orchestry.analysis.code_ast.aux_uses`,
+    """How the entry point of ``main_code`` uses the helper ``aux_name`` (:func:`orchestry.analysis.aux_calls.aux_uses`,
     the same arguments), with its cooperation scheme (see the module docstring).
 
     Returns:
-        An :class:`~orchestry.analysis.code_ast.AuxCallInfo`; never raises (unparsable or pathological code gives
+        An :class:`~orchestry.analysis.aux_calls.AuxCallInfo`; never raises (unparsable or pathological code gives
         ``parsed=False`` or ``scheme="none"``).
     """
     info = aux_uses(main_code, entry_point, aux_name)

@@ -117,7 +117,7 @@ def ui(
 
     Once the server answers (polled every half second), prints the address of the experiment's runs table on
     stdout (MLflow 3's "Model training" mode with the columns stage, DVC experiment, git revision, execution and
-    the key test metrics; orchestry.tracking.runs.runs_table_url), then "ready", and, when a graphical browser
+    the key test metrics; orchestry.tracking.ui.runs_table_url), then "ready", and, when a graphical browser
     exists, opens it (never waiting for the browser). The server runs one worker and no background job runner
     unless asked (--workers, --jobs): light on a 2-core laptop. Host and port default to those of MLFLOW_UI_URL,
     the address the report's MLflow links use. The command runs until the server stops: Ctrl-C or SIGTERM stops
@@ -130,8 +130,8 @@ def ui(
 
     from orchestry.evaluation.scoring import FileOptionError
     from orchestry.paths import repo_root
-    from orchestry.tracking.runs import runs_table_url, set_runs_view, ui_base
     from orchestry.tracking.runs import tracking_uri as default_uri
+    from orchestry.tracking.ui import runs_table_url, set_runs_view, ui_base
 
     with _errors(debug, (FileOptionError, "")):
         uri = tracking_uri or default_uri()

@@ -15,7 +15,7 @@ stores it (``pass@1`` is ``pass_at_1``); either spelling is accepted.
 
 A stage DVC did not run in an execution (its outputs unchanged or restored from DVC's cache) has no run there; its
 metrics come from the run that the parent run links (tag ``cached_run.<stage>``,
-:func:`orchestry.tracking.runs.link_cached_stages`): the run that made the outputs the execution used.
+:func:`orchestry.tracking.stage_cache.link_cached_stages`): the run that made the outputs the execution used.
 
 Metric names are those of ``docs/metrics.md`` (:mod:`orchestry.tracking.metric_names`). Stage runs logged before that
 vocabulary (no tag ``metric_vocabulary``) are read under the new names too (:func:`upgrade_legacy_metrics`), and a
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestry.tracking.metric_names import PREFIXES, VOCABULARY_TAG, legacy_name
-from orchestry.tracking.runs import CACHED_RUN_PREFIX, cached_run_tag, metric_name
+from orchestry.tracking.metric_names import PREFIXES, VOCABULARY_TAG, legacy_name, metric_name
+from orchestry.tracking.stage_cache import CACHED_RUN_PREFIX, cached_run_tag
 
 #: Evaluate's trained and base pass@1 and rewards on the test split (max 4.0), the trained pair's cooperation rate,
 #: and MAGRPO's training reward (last quarter of the steps, and last minus first quarter): in the order

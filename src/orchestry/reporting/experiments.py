@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from orchestry.analysis.metrics import bootstrap_ci
-from orchestry.tracking.runs import _flatten
+from orchestry.tracking.execution import _flatten
 
 
 def _runs(nodes: list) -> Iterator[dict]:

@@ -50,8 +50,8 @@ from orchestry.reporting.report_format import (
 )
 from orchestry.reporting.report_samples import _records, _schemes_section, _transcripts_section
 from orchestry.reporting.results import results_note, results_rows
-from orchestry.tracking import runs as tracking
-from orchestry.tracking.runs import run_url, ui_base
+from orchestry.tracking.execution import git_revision, params_hash
+from orchestry.tracking.ui import run_url, ui_base
 
 #: Figures in page order, with their captions; any other ``figures/*.png`` follows under its file name.
 FIGURES = {
@@ -87,7 +87,7 @@ RUNS_VIEW_QUERY = "?workflowType=machine_learning"
 
 def ui_address() -> str:
     """Address of the MLflow UI the report links to: ``$MLFLOW_UI_URL`` (without a trailing ``/``) when set, else
-    :func:`orchestry.tracking.runs.ui_base` (``http://127.0.0.1:5000``, ``orchestry ui``'s default)."""
+    :func:`orchestry.tracking.ui.ui_base` (``http://127.0.0.1:5000``, ``orchestry ui``'s default)."""
     return (os.environ.get(UI_URL_ENV) or "").strip().rstrip("/") or ui_base()
 
 
@@ -437,8 +437,8 @@ def provenance(root: Path = Path(".")) -> dict[str, Any]:
     """
     info: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "git_revision": tracking.git_revision(root),
-        "params_hash": tracking.params_hash(Path(root) / "params.yaml"),
+        "git_revision": git_revision(root),
+        "params_hash": params_hash(Path(root) / "params.yaml"),
         "dvc_experiment": os.environ.get("DVC_EXP_NAME") or None,
         "mlflow": None,
     }

@@ -26,7 +26,7 @@ keeps the value of at least one call) and ``truncated`` (a completion hit the to
 knows token counts, so it is passed in, ``None`` when unknown).
 
 Differences from the authors' regex-based code, all deliberate: definitions, wrappers and ignored values are
-read from the AST (see :mod:`orchestry.analysis.code_ast`), so a shadowed ``aux`` is not a call to the helper; the
+read from the AST (see :mod:`orchestry.analysis.aux_calls`), so a shadowed ``aux`` is not a call to the helper; the
 entry point only needs to be defined (docs/algorithms.md, section 2), not to contain ``return``; the tested
 program is the extracted code of both agents as written (not only the two functions cut out of it).
 
@@ -46,7 +46,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from orchestry.analysis.code_ast import AuxCallInfo, safe_parse, top_level_function
+from orchestry.analysis.aux_calls import AuxCallInfo
+from orchestry.analysis.code_ast import safe_parse, top_level_function
 from orchestry.analysis.extract import MAX_ANSWER_CHARS, extract_code
 from orchestry.analysis.schemes import aux_call_info
 from orchestry.problems import Problem
@@ -141,11 +142,11 @@ class LevelReward:
             test: a ``def aux`` nested in a class or function does not count; a broken top-level one does).
         aux_called: (ungated) main's entry point calls or references the helper's ``aux`` -- directly, in a
             nested function, lambda or comprehension, or through another top-level function of main's code it
-            calls (:attr:`orchestry.analysis.code_ast.AuxCallInfo.calls_aux`). False when main's code does not parse,
+            calls (:attr:`orchestry.analysis.aux_calls.AuxCallInfo.calls_aux`). False when main's code does not parse,
             does not define the entry point, or rebinds ``aux`` (its calls then reach main's own copy).
         aux_used: (ungated) ``aux_called`` and at least one aux call site's value is used: not every site is
             a bare statement ``aux(x)`` nor ``v = aux(x)`` with ``v`` never read (the cooperation level's
-            "value ignored" test, :attr:`orchestry.analysis.code_ast.AuxCallInfo.ignored_lines`). ``aux`` passed as a
+            "value ignored" test, :attr:`orchestry.analysis.aux_calls.AuxCallInfo.ignored_lines`). ``aux`` passed as a
             value (``map(aux, xs)``) counts as used.
         truncated: a completion of this sample hit the token limit (``max_completion_length``), as told by
             the caller (``truncated=`` of :func:`level_rewards`); ``None``: not known.

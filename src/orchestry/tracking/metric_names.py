@@ -41,6 +41,11 @@ _STEP_RENAMES = {
 }
 
 
+def metric_name(key: str) -> str:
+    """MLflow-safe metric name: ``pass@k`` becomes ``pass_at_k`` (MLflow rejects ``@``)."""
+    return key.replace("@", "_at_")
+
+
 def _seg(name: str) -> str:
     """One name segment: agent, pipeline and set names may hold characters MLflow rejects."""
     return re.sub(r"[^A-Za-z0-9_\-. :]", "_", name)

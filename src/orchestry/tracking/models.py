@@ -54,7 +54,7 @@ from orchestry.config import SamplingParams
 from orchestry.fingerprint import folder_fingerprint
 from orchestry.problems import AGENTS, HELPER_SYSTEM, MAIN_SYSTEM, Problem
 from orchestry.rewards.code import extract_code
-from orchestry.tracking.runs import git_revision, params_hash
+from orchestry.tracking.execution import git_revision, params_hash
 
 log = logging.getLogger("orchestry.tracking.models")
 
