@@ -75,9 +75,13 @@ def micro_params(params: Mapping) -> dict:
 
 
 def clean_env() -> dict[str, str]:
-    """The environment for commands in the copy: no ``DVC_ROOT``/``DVC_EXP_NAME`` (MLflow logs to the copy's
-    own store), no model-hub access, and this interpreter's ``bin`` first on ``PATH`` (for ``python``)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DVC_ROOT", "DVC_EXP_NAME")}
+    """The environment for commands in the copy: no ``DVC_ROOT``/``DVC_EXP_NAME``/``MLFLOW_TRACKING_URI`` (MLflow
+    logs to the copy's own store, even where the caller's process set a store, as ``mlflow.set_tracking_uri``
+    does through that variable), no model-hub access, and this interpreter's ``bin`` first on ``PATH`` (for
+    ``python``)."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DVC_ROOT", "DVC_EXP_NAME", "MLFLOW_TRACKING_URI")
+    }
     env.update(HF_HUB_OFFLINE="1", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
     return env
 
