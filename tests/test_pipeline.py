@@ -128,17 +128,24 @@ def test_dvc_repro_micro_pipeline(tmp_path):
     ran = sorted(r.data.tags.get("stage", "<parent>") for r in runs)
     assert ran == ["<parent>", "detect_schemes", "evaluate", "plot", "train_magrpo"], ran
 
-    # the peers' estimators are DVC experiments of the training stage: ReMax's greedy rollouts are counted, the
-    # per-agent critic logs its value fit (a misspelt estimator: the end of this test)
-    for name, sets, column in [("remax", ["train_magrpo.advantage=remax"], "remax/greedy_reward"),
-                               ("iac", ["train_magrpo.advantage=critic", "train_magrpo.critic=per_agent"],
-                                "critic/value_loss_after")]:  # fmt: skip
-        cmd = [sys.executable, "-m", "dvc", "exp", "run", "train_magrpo", "-n", name]
-        run(cmd + [arg for kv in sets for arg in ("-S", kv)], repo, env)
+    # the peers' estimators are DVC experiments of the training stage: each runs with its value (the train_magrpo run
+    # of the experiment logs it and finishes), ReMax's greedy rollouts are counted, the critics log their value fit
+    # (a misspelt estimator: the end of this test)
+    estimators = [("rloo", {}, None), ("reinforce", {}, None), ("agent_turn", {}, None),
+                  ("remax", {}, "remax/greedy_reward"), ("critic", {}, "critic/value_loss_after"),
+                  ("critic", {"critic": "per_agent"}, "critic/value_loss_after")]  # fmt: skip
+    for i, (advantage, more, column) in enumerate(estimators):
+        sets = {"advantage": advantage, **more}
+        cmd = [sys.executable, "-m", "dvc", "exp", "run", "train_magrpo", "-n", f"est{i}"]
+        run(cmd + [arg for k, v in sets.items() for arg in ("-S", f"train_magrpo.{k}={v}")], repo, env)
+        (trained,) = client.search_runs([exp.experiment_id], filter_string=f"tags.dvc_experiment = 'est{i}'"
+                                        " and tags.stage = 'train_magrpo'")  # fmt: skip
+        assert trained.info.status == "FINISHED"
+        assert {k: trained.data.params[k] for k in sets} == sets, trained.data.params
         steps = (repo / "reports/train/magrpo_steps.csv").read_text().splitlines()  # the experiment's outputs
-        assert column in steps[0].split(","), steps[0]
+        assert column is None or column in steps[0].split(","), steps[0]
         summary = json.loads((repo / "reports/train/magrpo.json").read_text())
-        assert (summary.get("greedy_prompt_tokens", 0) > 0) == (name == "remax"), summary
+        assert (summary.get("greedy_prompt_tokens", 0) > 0) == (advantage == "remax"), summary
     # evaluate run by hand after a change to what evaluate_base reads (its code): refused, before any model loads
     script = repo / "stages/evaluate_base.py"
     script.write_text(script.read_text() + "# changed\n")
