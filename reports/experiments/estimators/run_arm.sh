@@ -22,23 +22,8 @@ ln -s "$repo/models/base" "$work/models/base"
 source "$repo/.venv/bin/activate"
 export PYTHONPATH=$work/src OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false MLFLOW_ENABLE_ASYNC_LOGGING=false ORCHESTRY_PROGRESS=0
-python - "$work/params.yaml" "$seed" "$warm" "${STEPS:-}" "$@" <<'PY'
-import sys, yaml
-path, seed, warm, steps, sets = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
-p = yaml.safe_load(open(path))
-p["train_magrpo"]["seed"], p["evaluate"]["seed"] = seed, seed + 1
-p["train_magrpo"]["init_adapters"] = warm
-if steps:
-    p["train_magrpo"]["num_steps"] = int(steps)
-for kv in sets:
-    key, value = kv.split("=", 1)
-    d = p
-    *parents, last = key.split(".")
-    for k in parents:
-        d = d[k]
-    d[last] = yaml.safe_load(value)
-yaml.safe_dump(p, open(path, "w"), sort_keys=False)
-PY
+python "$repo/reports/experiments/set_params.py" "$work/params.yaml" train_magrpo.seed=$seed \
+  evaluate.seed=$((seed + 1)) "train_magrpo.init_adapters=$warm" ${STEPS:+train_magrpo.num_steps=$STEPS} "$@"
 cp "$work/params.yaml" "$out/params.yaml"
 cd "$work"
 t0=$(date +%s)
