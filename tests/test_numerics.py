@@ -10,7 +10,15 @@ import textwrap
 
 import pytest
 
-from orchestry.numerics import FLAGS, PORTABLE_ENV, apply_numerics, cpu_flags, cpu_line, cpu_model
+from orchestry.numerics import (
+    FLAGS,
+    NATIVE_MKL_CBWR,
+    PORTABLE_ENV,
+    apply_numerics,
+    cpu_flags,
+    cpu_line,
+    cpu_model,
+)
 from orchestry.params_file import ParamsError, load_params
 
 CPUINFO = "processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx avx2 fma avx512f\n"
@@ -27,13 +35,43 @@ def test_flags_and_line_come_from_cpuinfo(tmp_path):
     assert cpu_flags(missing) == dict.fromkeys(FLAGS, False)  # not Linux / not x86: nothing claimed
 
 
-def test_native_pins_nothing_and_an_unknown_mode_is_refused(monkeypatch):
-    monkeypatch.setenv("MKL_CBWR", "AUTO")
+def test_native_sets_only_mkls_strict_mode_and_keeps_a_users_branch(monkeypatch):
+    monkeypatch.delenv("MKL_CBWR", raising=False)
+    apply_numerics("native")
+    assert os.environ["MKL_CBWR"] == NATIVE_MKL_CBWR == "AUTO,STRICT"
+    monkeypatch.setenv("MKL_CBWR", "AUTO")  # the user's own branch stays
     apply_numerics("native")
     assert os.environ["MKL_CBWR"] == "AUTO"
     assert "ORCHESTRY_NUMERICS" not in os.environ
     with pytest.raises(ValueError, match="native or portable"):
         apply_numerics("fast")
+
+
+def test_native_products_have_the_same_bits_at_one_and_two_threads():
+    """Under ``native`` (applied after torch is imported, as a stage does) an fp32 product of a decoding step's
+    shape gives the same bits with 1 and 2 threads. Without MKL's strict mode (``MKL_CBWR=AUTO``) they differed on
+    an Intel Xeon with AVX-512 (MKL split the sums of the first shape over the threads)."""
+    code = """
+        import hashlib, json, sys, torch
+        from orchestry.numerics import apply_numerics
+        apply_numerics("native")
+        g = torch.Generator().manual_seed(0)
+        shapes = [(8, 576, 576), (8, 576, 192), (64, 1536, 576), (128, 1536, 576)]
+        bits = {}
+        for rows, k, n in shapes:
+            x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                out = torch.nn.functional.linear(x, w).numpy().tobytes()
+                bits.setdefault(f"{rows}x{k}x{n}", []).append(hashlib.sha256(out).hexdigest())
+        print(json.dumps(bits))
+        """
+    p = _child_args(code, [])
+    assert p.returncode == 0, p.stderr[-2000:]
+    bits = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(bits) == 4
+    for shape, (one, two) in bits.items():
+        assert one == two, f"{shape}: 1 and 2 threads give other bits under native"
 
 
 def _child_args(code: str, args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:

@@ -48,6 +48,14 @@ FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 #: The environment of ``model.numerics: portable`` (read by torch and MKL when they first compute).
 PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
+#: The MKL setting of ``model.numerics: native`` when the user set none: MKL's own branch for the CPU (``AUTO``)
+#: in its strict reproducibility mode, where a matrix product's bits do not depend on the thread count (without
+#: ``STRICT``, MKL splits some products' sums over the threads: an fp32 ``[8, 576] x [576, 576]`` product on an
+#: Intel Xeon with AVX-512 gave other bits at 1 thread than at 2, and so did the LoRA weights after two fp32 AdamW
+#: steps; with it, the same bits). ``STRICT`` left the 2-thread bits of the default run's decoding and bf16 training
+#: unchanged on that machine (docs/reproducibility.md, "Threads").
+NATIVE_MKL_CBWR = "AUTO,STRICT"
+
 #: Set by :func:`apply_numerics` so that later code (``resolve_bf16``) and child processes see the setting.
 NUMERICS_ENV = "ORCHESTRY_NUMERICS"
 
@@ -88,7 +96,9 @@ def numerics_mode() -> str:
 def apply_numerics(mode: str, cpuinfo: str | Path = "/proc/cpuinfo") -> None:
     """Put ``model.numerics`` into effect; call before torch computes anything (``runtime.start_stage`` does).
 
-    ``native``: nothing is pinned (a user's own ``ATEN_CPU_CAPABILITY``/``MKL_CBWR`` stay as they are).
+    ``native``: the CPU's own kernels; only MKL's strict mode is set (``MKL_CBWR``:
+    :data:`NATIVE_MKL_CBWR`), so that fp32 products give the same bits at any thread count. A user's own
+    ``ATEN_CPU_CAPABILITY``/``MKL_CBWR`` stay as they are.
     ``portable``: sets :data:`PORTABLE_ENV` (overriding other values, with a warning) and ``ORCHESTRY_NUMERICS``;
     on a CPU without AVX2 (or not x86) a warning says the run cannot match the AVX2 machines.
 
@@ -101,6 +111,7 @@ def apply_numerics(mode: str, cpuinfo: str | Path = "/proc/cpuinfo") -> None:
         raise ValueError(f"model.numerics must be native or portable, got {mode!r}")
     if mode == "native":
         os.environ.pop(NUMERICS_ENV, None)
+        os.environ.setdefault("MKL_CBWR", NATIVE_MKL_CBWR)
         return
     for key, value in PORTABLE_ENV.items():
         if os.environ.get(key, value) != value:
