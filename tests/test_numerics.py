@@ -36,7 +36,8 @@ def test_flags_and_line_come_from_cpuinfo(tmp_path):
 
 
 def test_native_sets_only_mkls_strict_mode_and_keeps_a_users_branch(monkeypatch):
-    monkeypatch.delenv("MKL_CBWR", raising=False)
+    monkeypatch.setenv("MKL_CBWR", "")  # records this process's value, restored after the test
+    monkeypatch.delenv("MKL_CBWR")
     apply_numerics("native")
     assert os.environ["MKL_CBWR"] == NATIVE_MKL_CBWR == "AUTO,STRICT"
     monkeypatch.setenv("MKL_CBWR", "AUTO")  # the user's own branch stays
