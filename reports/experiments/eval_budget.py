@@ -11,11 +11,11 @@ other, equally likely samples. Usage::
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from orchestry.reporting.compare import paired_comparison
+from orchestry.runtime import read_jsonl
 
 HERE = Path(__file__).resolve().parent
 EXTERNAL = ("easy40", "mbpp_easy", "others_a")
@@ -23,8 +23,7 @@ EXTERNAL = ("easy40", "mbpp_easy", "others_a")
 
 def read(path: Path, prefix: str = "", seed: int = 0) -> list[dict]:
     """Records of ``path``; ``prefix`` makes task ids unique across sets, ``seed`` the sample numbers across seeds."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [dict(r, task_id=prefix + r["task_id"], sample=r["sample"] + 100 * seed) for r in rows]
+    return [dict(r, task_id=prefix + r["task_id"], sample=r["sample"] + 100 * seed) for r in read_jsonl(path)]
 
 
 def cheaper(records: list[dict], how: str) -> list[dict]:
