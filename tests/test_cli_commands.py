@@ -100,6 +100,48 @@ def test_evaluate_scores_base_and_trained_agents_with_the_stage_metrics(agents, 
     assert "reward (max 4.0, 90% CI)" in result.stdout and "magrpo" in result.stdout
 
 
+def _mkl_modes(stdout: str) -> set[str]:
+    """MKL's conditional-reproducibility mode of every matrix product it ran (``MKL_VERBOSE=1`` lines: ``CNR:...``)."""
+    import re
+
+    return set(re.findall(r"^MKL_VERBOSE S?GEMM.* CNR:(\S+)", stdout, flags=re.M))
+
+
+@pytest.mark.parametrize("numerics", ["native", "portable"])
+def test_evaluate_and_calibrate_compute_under_the_params_numerics(agents, eval_files, tmp_path, numerics):
+    """``orchestry evaluate`` and ``orchestry calibrate`` put ``model.numerics`` into effect before torch computes,
+    as every stage does: MKL itself reports the mode of each product it ran (strict mode under ``native``, the
+    ``COMPATIBLE`` branch under ``portable``), where these commands used to run MKL's plain mode whatever the params
+    said. Run as fresh processes (a process's MKL mode is fixed by its first product), without MKL_CBWR set."""
+    base, adapters = agents
+    params = tmp_path / "params.yaml"
+    params.write_text(eval_files["params"].read_text() + yaml.safe_dump({"model": {"numerics": numerics}}))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+    }
+    env.update(MKL_VERBOSE="1", TOKENIZERS_PARALLELISM="false", ORCHESTRY_PROGRESS="0")
+    out = tmp_path / "m.json"
+    runs = {
+        "evaluate": ["evaluate", "--problems", str(eval_files["problems"]), "--adapters", str(adapters), "--model",
+                     str(base), "--params", str(params), "--num-samples", "1", "--out", str(out)],
+        "calibrate": ["calibrate", "--difficulties", "1", "--problems", "2", "--samples", "1", "--params",
+                      str(params), "--model", str(base), "--out-dir", str(tmp_path / "cal")],
+    }  # fmt: skip
+    want = {"native": "AUTO,STRICT", "portable": "COMPATIBLE"}[numerics]
+    for name, argv in runs.items():
+        proc = subprocess.run([sys.executable, "-m", "orchestry.cli", *argv], capture_output=True, text=True,
+                              env=env, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+        assert _mkl_modes(proc.stdout) == {want}, (name, _mkl_modes(proc.stdout))
+    machine = json.loads(out.read_text())["machine"]  # the report says what it was computed with
+    assert machine["numerics"] == numerics and machine["mkl_cbwr"] == want
+    if numerics == "portable":
+        assert machine["kernels"] == "AVX2"
+    assert json.loads((tmp_path / "cal" / "calibration.json").read_text())["machine"]["numerics"] == numerics
+
+
 @pytest.mark.parametrize(
     "content",
     [b"", b"\n \n", b"[]", b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", b"\x1f\x8b\x08\x00garbage"],

@@ -48,6 +48,24 @@ def _check_context(probs, cfg, source: str) -> None:
         check_context(probs, tok, int(context), cfg.sampling.max_completion_length, source)
 
 
+def _apply_model_numerics(cfg) -> None:
+    """Put ``model.numerics`` into effect in this process as every stage does (``runtime.start_stage``), before
+    torch computes anything: ``native`` MKL's strict mode, ``portable`` the pinned kernel paths
+    (:func:`orchestry.numerics.apply_numerics`), so that a command's samples come from the kernels the stages use.
+
+    Raises:
+        FileOptionError: (on ``--params``) ``portable`` could not take effect because torch already chose its
+            kernels in this process.
+    """
+    from orchestry.evaluation.scoring import FileOptionError
+    from orchestry.numerics import apply_numerics
+
+    try:
+        apply_numerics(cfg.model.numerics)
+    except RuntimeError as err:
+        raise FileOptionError("params", str(err)) from None
+
+
 def evaluate(
     problems: Annotated[
         str,
@@ -102,7 +120,7 @@ def evaluate(
     from orchestry.evaluation.scoring import FileOptionError
     from orchestry.params_file import ParamsError
     from orchestry.problems import ProblemFormatError, load_problems
-    from orchestry.runtime import OutputNotWritable, check_writable, load_policy, open_sandbox
+    from orchestry.runtime import OutputNotWritable, check_writable, load_policy, machine_info, open_sandbox
     from orchestry.sandbox import SandboxError
 
     console = Console(stderr=True, quiet=quiet)
@@ -130,6 +148,7 @@ def evaluate(
                     raise FileOptionError(option, str(err)) from None
         k = num_samples or cfg.evaluate.num_samples
         console.print(f"{len(probs)} problems x {k} samples, base vs {adapters}", highlight=False)
+        _apply_model_numerics(cfg)
         import torch
 
         torch.manual_seed(0)  # as orchestry.runtime.start_stage (sampling itself is seeded per call)
@@ -154,6 +173,7 @@ def evaluate(
             "test_problems": len(probs),
             "samples_per_problem": k,
             "intervals": cfg.intervals.model_dump(),
+            "machine": machine_info(),
             "methods": methods,
         }
         # written at the end, as a set: an interrupt or an error before this leaves --samples and --out as they were
@@ -300,7 +320,7 @@ def calibrate(
     from orchestry.evaluation.scoring import FileOptionError
     from orchestry.generators.compositional import GeneratorError
     from orchestry.params_file import ParamsError
-    from orchestry.runtime import load_policy, open_sandbox
+    from orchestry.runtime import load_policy, machine_info, open_sandbox
     from orchestry.sandbox import SandboxError
 
     levels = _difficulties(difficulties)
@@ -317,6 +337,7 @@ def calibrate(
         cfg = _params_with_model(params, model)
         typer.echo(f"calibrate: difficulties {difficulties}, {problems} problems x {samples} samples, "
                    f"model {cfg.model.path}", err=True)  # fmt: skip
+        _apply_model_numerics(cfg)
         import torch
 
         torch.manual_seed(0)  # as orchestry.runtime.start_stage (sampling itself is seeded per call)
@@ -334,6 +355,7 @@ def calibrate(
             raise RuntimeError(f"sandbox: {err}") from err
         meta = {
             "model": cfg.model.path,
+            "machine": machine_info(),
             "sampling": cfg.sampling.model_dump(),
             "samples": samples,
             "seed": seed,
