@@ -13,8 +13,8 @@ A run's numbers depend on the machine in two ways:
   (AVX-512 BF16 / AMX) and in fp32 elsewhere: on purpose, different numbers on different CPUs.
 
 Measured on the AMD EPYC (AVX2) build machine with the embedded model (fp32 forward logits of a fixed batch,
-two LoRA AdamW steps, 16 rows x 48 sampled tokens; ``docs/reproducibility.md``): 1 or 2 threads give the same
-bits; forcing torch's scalar kernels (``ATEN_CPU_CAPABILITY=default``) or MKL's ``COMPATIBLE`` branch changes the
+two LoRA AdamW steps, 16 rows x 48 sampled tokens; ``docs/reproducibility.md``): 1 or 2 threads gave the same
+bits there (not on an Intel Xeon with AVX-512 under MKL's plain ``AUTO``: hence :data:`NATIVE_MKL_CBWR`); forcing torch's scalar kernels (``ATEN_CPU_CAPABILITY=default``) or MKL's ``COMPATIBLE`` branch changes the
 logits' and the adapters' bits (not the 48 sampled tokens); ``MKL_CBWR=AVX2``/``AUTO`` and
 ``ONEDNN_MAX_CPU_ISA=AVX2`` change nothing on that CPU.
 

@@ -158,7 +158,12 @@ class EvaluateParams(_Section):
     max_problems_transfer: int | None = Field(
         40, ge=1, le=BIG, description="cap on the problems of each transfer set (prepare.transfer; None: all)"
     )
-    batch_size: int = Field(64, ge=1, le=4096, description="rows per generate call")
+    batch_size: int = Field(
+        256,
+        ge=1,
+        le=4096,
+        description="rows per generate call (256: each default evaluation set in one call)",
+    )
     turns: int | None = Field(
         None,
         ge=1,
