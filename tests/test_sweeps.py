@@ -126,6 +126,7 @@ def queue_and_run(repo: Path, env: dict, *sets: list[str]) -> None:
     for s in sets:
         sh(["dvc", "exp", "run", "--queue", *s], repo, env)
     sh(["dvc", "exp", "run", "--run-all", "-j", "2"], repo, env)
+    sh(["dvc", "queue", "stop"], repo, env)  # the run is over: no queue worker outlives the test (one did)
 
 
 def exp_show(repo: Path, env: dict) -> dict[str, dict]:
