@@ -111,11 +111,7 @@ def step_vs_rows(model, adapters, rows: list[int], dtypes=("float32",)) -> None:
         x, inner = torch.randn(M, dec.embed.shape[1]), torch.randn(M, cfg.intermediate_size)
 
         def projections(x=x, inner=inner, dec=dec):
-            for _, attn, _, mlp in dec.layers:
-                for p in (*attn, mlp[0], mlp[1]):
-                    dec._linear(x, p)
-                dec._linear(inner, mlp[2])
-            dec._linear(x, dec.head)
+            dec.projections(x, inner)
 
         step_s, proj_s = [], []
         for _ in range(8):
@@ -134,6 +130,12 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3, help="generate calls in part 1 (0: skip it)")
     ap.add_argument("--rows", default="1,2,4,8,16,32", help="row counts of part 2 (empty: skip it)")
     ap.add_argument(
+        "--stack",
+        type=int,
+        default=1,
+        help="1: q|k|v and gate|up as stacked products (the default); 0: one product per projection",
+    )
+    ap.add_argument(
         "--decode-dtype",
         default="float32",
         help="model.decode_dtype values to compare, comma-separated (e.g. float32,bfloat16: alternated)",
@@ -142,9 +144,11 @@ def main() -> None:
     dtypes = tuple(args.decode_dtype.split(","))
     import torch
 
+    import orchestry.llm.decoding as D
     from orchestry.numerics import cpu_line
 
-    print(f"{cpu_line()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    D.STACK = bool(args.stack)
+    print(f"{cpu_line()}; torch {torch.__version__}, {torch.get_num_threads()} threads; stack={D.STACK}")
     import magrpo_levers
 
     base, tok, _, prompts, adapters, attach = magrpo_levers._setup()

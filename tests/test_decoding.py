@@ -1,5 +1,6 @@
 """The decoding kernels (orchestry.llm.decoding) compute what transformers and peft compute."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,62 @@ def test_llama_decoder_step_matches_transformers(embedded_tokenizer, one_thread,
             torch.allclose(k, layer.keys, atol=1e-5) for k, layer in zip(keys, cache.layers, strict=True)
         )
     assert not torch.allclose(ours[0], ours[1], atol=1e-3)  # the rows' adapters differ
+
+
+@pytest.mark.parametrize("rows", [1, 3, 70])  # 70: above SKINNY_ROWS
+@pytest.mark.parametrize("isa", [None, "AVX2"])
+def test_stacked_products_give_the_per_projection_bits(embedded_tokenizer, one_thread, rows, isa):
+    """oneDNN products over stacked weights (q|k|v, gate|up; ``stack=True``, the default) against one product per
+    projection: the same logits and written keys/values, bit for bit, with the rows' LoRA (two adapters and the bare
+    model) and a shared prompt prefix; under the kernels capped at AVX2 too (what ``model.numerics: portable`` pins),
+    in a fresh process (oneDNN reads the cap once)."""
+    import subprocess
+    import sys
+
+    if isa is not None:
+        env = dict(os.environ, ONEDNN_MAX_CPU_ISA=isa)
+        test = f"{__file__}::test_stacked_products_give_the_per_projection_bits[None-{rows}]"
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                              env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        return
+    # LoRA on every projection (the default targets are attention's only): the MLP's stacked product too
+    model = make_tiny_llama(vocab_size=len(embedded_tokenizer), seed=3)
+    every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    pm = attach_adapters(model, ["helper", "main"], r=4, alpha=8, target_modules=every)
+    torch.manual_seed(4)
+    for n, p in pm.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.5)
+    pm.eval()
+    decoding.use_decode_kernels(pm)
+    cfg = pm.get_base_model().config
+    names = (["helper", "main", "__base__"] * rows)[:rows]
+    stacked = decoding.StackedLoRA(pm, ["helper", "main"])
+    torch.manual_seed(3)
+    Hkv, D = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    prefix_k = [torch.randn(2, Hkv, 6, D) for _ in range(cfg.num_hidden_layers)]
+    prefix_v = [torch.randn(2, Hkv, 6, D) for _ in range(cfg.num_hidden_layers)]
+    keys = [torch.randn(rows, Hkv, 5, D) for _ in range(cfg.num_hidden_layers)]
+    values = [torch.randn(rows, Hkv, 5, D) for _ in range(cfg.num_hidden_layers)]
+    attend = torch.zeros(rows, 5, dtype=torch.bool)
+    attend[:, :3] = True
+    tokens = torch.randint(0, len(embedded_tokenizer), (rows,))
+    out = {}
+    for stack in (True, False):
+        dec = decoding.LlamaDecoder(pm, stacked, products="onednn", stack=stack)
+        assert (dec.stacked_products is not None) == stack
+        dec.row_mask = stacked.row_mask(names)
+        prefix = decoding.SharedPrefix(
+            prefix_k, prefix_v, torch.ones(2, 6, dtype=torch.bool), torch.arange(rows) % 2
+        )
+        ks, vs = [k.clone() for k in keys], [v.clone() for v in values]
+        with torch.no_grad():
+            out[stack] = (dec.step(tokens, torch.full((rows,), 8), ks, vs, 2, attend, prefix), ks, vs)
+    assert torch.equal(out[True][0], out[False][0])
+    assert all(torch.equal(a, b) for a, b in zip(out[True][1], out[False][1], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(out[True][2], out[False][2], strict=True))
+    assert not torch.equal(out[True][0][0], out[True][0][-1]) or rows == 1
 
 
 def test_llama_decoder_refuses_what_it_does_not_compute(embedded_tokenizer):
@@ -499,7 +556,7 @@ def test_generate_under_decode_bf16_prefills_in_bf16_and_decodes_in_fp32_caches(
 
     def spy_init(self, *a, **kw):
         init(self, *a, **kw)
-        seen.append(("decoder", self.layers[0][1][0][0].dtype, self.head[0].dtype))
+        seen.append(("decoder", self.stacked_products[0][0].dtype, self.head[0].dtype))
 
     monkeypatch.setattr(local, "_prefill_groups", spy_prefill)
     monkeypatch.setattr(decoding.LlamaDecoder, "__init__", spy_init)

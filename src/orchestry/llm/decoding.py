@@ -339,6 +339,9 @@ class SharedPrefix:
 #: reordered once per decoder: 1.5-1.75x faster than MKL's GEMM for the embedded model's layers at 16-64 rows on
 #: an AVX-512 CPU, benchmarks/README.md) or ``"mkl"`` (what transformers computes under DecodeLinear, bit for bit).
 PRODUCTS = "onednn"
+#: Whether :class:`LlamaDecoder` runs the projections that read one input as one stacked product (its ``stack``;
+#: the same bits either way; False only to measure the difference: benchmarks/rollout_breakdown.py --stack 0).
+STACK = True
 #: Whether :class:`LlamaDecoder`'s projections take bf16 operands (``model.decode_dtype``, resolved by
 #: :func:`orchestry.numerics.resolve_decode_bf16`): oneDNN's bf16 inner product (fp32 sums, each result rounded
 #: to bf16); the LM head stays fp32.
@@ -384,7 +387,8 @@ class LlamaDecoder:
     adds them (Hu et al. 2021, eq. 3). With ``products="mkl"`` these are the same operations on the same
     layouts, so the logits equal transformers' bit for bit; with ``"onednn"`` (the default, :data:`PRODUCTS`) the
     frozen base weights are reordered once for oneDNN's inner product, whose sums run in another order (logits
-    within ~1e-6 relative; a row's result does not depend on the batch's other rows or on the thread count).
+    within ~1e-6 relative; a row's result does not depend on the batch's other rows or on the thread count), and
+    the projections that read the same input share one product (``stack``).
     Use :meth:`unsupported` first: other architectures, biases, quantised or non-fp32 weights, other attention
     implementations and active peft adapters are left to transformers. The reordered weights are a copy (the
     size of the base model) that lives as long as the decoder: make one per ``generate`` call.
@@ -395,6 +399,10 @@ class LlamaDecoder:
         bare: every row runs the base model (peft's ``"__base__"`` rows): LoRA layers are skipped.
         bf16: the projections (not the LM head) take bf16 weights and inputs (oneDNN; sums in fp32, each result
             rounded to bf16; the rows' LoRA stays fp32); None: :data:`DECODE_BF16` (``model.decode_dtype``).
+        stack: with oneDNN products, the projections that read the same input run as one product each: q, k and
+            v over their stacked weights, gate and up over theirs (the same logits, bit for bit, in fewer and
+            larger calls: 12 % less time per step at 16 rows, 6 % at 256 on the development machine); False: one
+            product per projection (kept for comparison); None: :data:`STACK`.
 
     Raises:
         ValueError: ``unsupported(model, stacked)`` gives a reason, ``products`` is unknown, or ``bf16`` without
@@ -408,6 +416,7 @@ class LlamaDecoder:
         products: str | None = None,
         bare: bool = False,
         bf16: bool | None = None,
+        stack: bool | None = None,
     ):
         reason = self.unsupported(model, stacked, bare)
         if reason:
@@ -426,27 +435,53 @@ class LlamaDecoder:
         lora = {id(m): (a, b) for m, a, b in stacked.layers} if stacked is not None else {}
         self.stacked, self.products = stacked, products
 
-        def linear(module, bf16=self.bf16):
-            plain = getattr(module, "base_layer", module)
-            weight = plain.weight.detach()
+        # oneDNN products: the projections that read the same input (q, k, v; gate, up) run as one product over
+        # their weights stacked along the outputs (fewer, larger calls; each output is the same sum, bit for bit:
+        # tests/test_decoding.py); their entries in self.layers then keep only the LoRA (weight None)
+        self.fused = products == "onednn" and (STACK if stack is None else stack)
+
+        def reordered(weight, bf16=self.bf16):
             if products == "onednn":
                 if bf16:
                     weight = weight.to(torch.bfloat16)
                 weight = torch.ops.mkldnn._reorder_linear_weight(weight, SKINNY_ROWS)
+            return weight
+
+        def linear(module, bf16=self.bf16, product=True):
+            plain = getattr(module, "base_layer", module)
+            weight = reordered(plain.weight.detach(), bf16) if product else None
             return weight, type(plain) is DecodeLinear, lora.get(id(module))
+
+        def stacked_weight(modules):
+            return reordered(torch.cat([getattr(m, "base_layer", m).weight.detach() for m in modules]))
 
         def norm(module):
             return module.weight, module.variance_epsilon
 
+        own = not self.fused
         self.layers = [
             (
                 norm(layer.input_layernorm),
-                [linear(getattr(layer.self_attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")],
+                [linear(getattr(layer.self_attn, n), product=own) for n in ("q_proj", "k_proj", "v_proj")]
+                + [linear(layer.self_attn.o_proj)],
                 norm(layer.post_attention_layernorm),
-                [linear(getattr(layer.mlp, n)) for n in ("gate_proj", "up_proj", "down_proj")],
+                [linear(getattr(layer.mlp, n), product=own) for n in ("gate_proj", "up_proj")]
+                + [linear(layer.mlp.down_proj)],
             )
             for layer in inner.layers[: cfg.num_hidden_layers]
         ]
+        #: per layer, the stacked ``(q|k|v, gate|up)`` weights (oneDNN products), else None
+        self.stacked_products = (
+            [
+                (
+                    stacked_weight([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                    stacked_weight([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                )
+                for layer in inner.layers[: cfg.num_hidden_layers]
+            ]
+            if self.fused
+            else None
+        )
         self.final_norm = norm(inner.norm)
         self.embed = inner.embed_tokens.weight
         # the LM head stays fp32: oneDNN's bf16 product rounds its result to bf16, and logits rounded to 8
@@ -493,25 +528,68 @@ class LlamaDecoder:
                 return f"{weight.dtype} weights"
         return None
 
-    def _linear(self, x: torch.Tensor, layer) -> torch.Tensor:
-        """``x [B, in]`` through one projection (oneDNN, or as DecodeLinear / F.linear do it) and its LoRA."""
-        weight, skinny, lora = layer
+    def _product(self, x: torch.Tensor, weight: torch.Tensor, skinny: bool) -> torch.Tensor:
+        """``x [B, in]`` times a base weight (oneDNN, or as DecodeLinear / F.linear do it), without LoRA."""
         if weight.dtype == torch.bfloat16:  # bf16 operands, fp32 sums, the result rounded to bf16
-            out = torch.ops.mkldnn._linear_pointwise(
+            return torch.ops.mkldnn._linear_pointwise(
                 x.to(torch.bfloat16), weight, None, "none", [], ""
             ).float()
-        elif self.products == "onednn":
-            out = torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-        elif skinny and x.shape[0] <= SKINNY_ROWS and x.shape[0]:
-            out = torch.mm(weight, x.t()).t()
-        else:
-            out = torch.nn.functional.linear(x, weight)
-        if lora is not None:
-            a_cat, b_cat = lora
-            low = torch.mm(x, a_cat) * self.row_mask
-            # in place on a fresh row-major result: the same product (beta = 1 on the same C) without addmm's copy
-            out = out.addmm_(low, b_cat) if out.is_contiguous() else torch.addmm(out, low, b_cat)
-        return out
+        if self.products == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+        if skinny and x.shape[0] <= SKINNY_ROWS and x.shape[0]:
+            return torch.mm(weight, x.t()).t()
+        return torch.nn.functional.linear(x, weight)
+
+    def _add_lora(self, out: torch.Tensor, x: torch.Tensor, lora, into: bool = False) -> torch.Tensor:
+        """``out`` plus the rows' LoRA of one projection (``lora``: its ``(A_cat, B_cat)``, or None: ``out``).
+        ``into``: ``out`` is a column slice of a stacked product, and the sum is written into it."""
+        if lora is None:
+            return out
+        a_cat, b_cat = lora
+        low = torch.mm(x, a_cat) * self.row_mask
+        # in place on a fresh row-major result: the same product (beta = 1 on the same C) without addmm's copy; a
+        # slice of a stacked product likewise (the same bits as on its own product: tests/test_decoding.py)
+        return out.addmm_(low, b_cat) if into or out.is_contiguous() else torch.addmm(out, low, b_cat)
+
+    def _linear(self, x: torch.Tensor, layer) -> torch.Tensor:
+        """``x [B, in]`` through one projection (:meth:`_product`) and its LoRA."""
+        weight, skinny, lora = layer
+        return self._add_lora(self._product(x, weight, skinny), x, lora)
+
+    def _attention_inputs(self, x: torch.Tensor, i: int, layer) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q|k [B, H + H_kv, D], v [B, H_kv, D])`` of layer ``i`` for the normed ``x [B, hidden]``, each with
+        its LoRA: one stacked product (oneDNN) or three."""
+        B, H, Hkv, D = x.shape[0], self.heads, self.kv_heads, self.head_dim
+        q_p, k_p, v_p = layer[:3]
+        if self.stacked_products is None:
+            qk = torch.cat([self._linear(x, q_p), self._linear(x, k_p)], dim=1).view(B, H + Hkv, D)
+            return qk, self._linear(x, v_p).view(B, Hkv, D)
+        out = self._product(x, self.stacked_products[i][0], False)
+        for (_, _, lora), lo, hi in zip(
+            (q_p, k_p, v_p), (0, H * D, (H + Hkv) * D), (H * D, (H + Hkv) * D, (H + 2 * Hkv) * D), strict=True
+        ):
+            self._add_lora(out[:, lo:hi], x, lora, into=True)
+        return out[:, : (H + Hkv) * D].view(B, H + Hkv, D), out[:, (H + Hkv) * D :].view(B, Hkv, D)
+
+    def _gate_up(self, x: torch.Tensor, i: int, layer) -> torch.Tensor:
+        """``silu(gate(x)) * up(x)`` of layer ``i`` (each with its LoRA): one stacked product (oneDNN) or two."""
+        g_p, u_p = layer[:2]
+        if self.stacked_products is None:
+            return torch.nn.functional.silu(self._linear(x, g_p)) * self._linear(x, u_p)
+        out = self._product(x, self.stacked_products[i][1], False)
+        n = out.shape[1] // 2
+        gate, up = self._add_lora(out[:, :n], x, g_p[2], True), self._add_lora(out[:, n:], x, u_p[2], True)
+        return torch.nn.functional.silu(gate) * up
+
+    def projections(self, x: torch.Tensor, inner: torch.Tensor) -> None:
+        """Every product of a step (each layer's projections with their LoRA, the LM head) on ``x [B, hidden]``
+        and ``inner [B, intermediate]``, results discarded: what benchmarks time against the whole step."""
+        for i, (_, attn, _, mlp) in enumerate(self.layers):
+            self._attention_inputs(x, i, attn)
+            self._linear(x, attn[3])
+            self._gate_up(x, i, mlp)
+            self._linear(inner, mlp[2])
+        self._linear(x, self.head)
 
     @staticmethod
     def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
@@ -557,13 +635,14 @@ class LlamaDecoder:
         mask = torch.zeros(seen.shape).masked_fill_(~seen, float("-inf"))[:, None, None, :]
         folded = self.scale_in_rotary
         cos_q, sin_q = (cos * self.scale, sin * self.scale) if folded else (cos, sin)
-        for i, (norm1, (q_p, k_p, v_p, o_p), norm2, (g_p, u_p, d_p)) in enumerate(self.layers):
+        # the queries' and keys' rotary factors side by side: one rotation of q|k (element-wise: the same bits)
+        cos_qk = torch.cat([cos_q.expand(B, H, D), cos.expand(B, Hkv, D)], dim=1)
+        sin_qk = torch.cat([sin_q.expand(B, H, D), sin.expand(B, Hkv, D)], dim=1)
+        for i, (norm1, attn, norm2, mlp) in enumerate(self.layers):
             x = self._rms(h, norm1)
-            q = self._linear(x, q_p).view(B, H, D)
-            k = self._linear(x, k_p).view(B, Hkv, D)
-            v = self._linear(x, v_p).view(B, Hkv, D)
-            q = self._rotary(q, cos_q, sin_q)
-            k = self._rotary(k, cos, sin)
+            qk, v = self._attention_inputs(x, i, attn)
+            qk = self._rotary(qk, cos_qk, sin_qk)
+            q, k = qk[:, :H], qk[:, H:]
             keys[i][:, :, t] = k
             values[i][:, :, t] = v
             q = q.reshape(B, Hkv, g, D)
@@ -579,8 +658,7 @@ class LlamaDecoder:
             else:
                 W = prefix.width
                 att = prefix.mix(i, probs[..., :W]) + torch.matmul(probs[..., W:], values[i][:, :, :n])
-            h = h + self._linear(att.reshape(B, H * D), o_p)
+            h = h + self._linear(att.reshape(B, H * D), attn[3])
             x = self._rms(h, norm2)
-            gate = torch.nn.functional.silu(self._linear(x, g_p))
-            h = h + self._linear(gate * self._linear(x, u_p), d_p)
+            h = h + self._linear(self._gate_up(x, i, mlp), mlp[2])
         return self._linear(self._rms(h, self.final_norm), self.head).float()
