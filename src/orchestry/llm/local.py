@@ -230,20 +230,40 @@ class NucleusSampler:
     (``torch.topk``); a row whose nucleus is larger than that falls back to a full sort. Sorting the 49k-token
     vocabulary and drawing an exponential variate per vocabulary entry took a sixth of each decoding step of the
     embedded model at 16-32 rows (measured with torch.profiler, see benchmarks/README.md); this draws from the
-    candidates only. The random stream is torch's global generator (``torch.manual_seed`` in :func:`generate`).
+    candidates only.
+
+    The random numbers: by default torch's global generator (``torch.manual_seed`` in :func:`generate`), one
+    multinomial draw over the whole batch per step, so a row's tokens depend on which rows share its steps. With
+    ``row_seeds`` each row has a stream of its own (a ``torch.Generator`` seeded with its seed, one float64 uniform
+    per drawn token) and its token is the inverse CDF of its nucleus at that uniform (the same distribution): a
+    row's tokens then depend only on its own logits and seed, not on the batch it is decoded in, the other rows'
+    lengths or the call boundaries. Set :attr:`rows` to the batch's row indices (into ``row_seeds``) whenever the
+    batch changes.
 
     Args:
         temperature: > 0. top_p: in (0, 1]; 1 keeps the whole vocabulary. candidates: top-k searched first.
         first: a smaller top-k searched before ``candidates`` (the same draws, less work).
+        row_seeds: one seed per row of the call (0 <= seed < 2**63), or None (the global generator).
     """
 
-    def __init__(self, temperature: float, top_p: float, candidates: int = 1024, first: int = 256):
+    def __init__(
+        self,
+        temperature: float,
+        top_p: float,
+        candidates: int = 1024,
+        first: int = 256,
+        row_seeds: Sequence[int] | None = None,
+    ):
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         self.temperature, self.top_p, self.candidates = float(temperature), float(top_p), int(candidates)
         self.first = int(first)
+        self.streams = (
+            None if row_seeds is None else [torch.Generator().manual_seed(int(s)) for s in row_seeds]
+        )
+        self.rows: list[int] | None = None  # the current batch's rows (indices into row_seeds); None: 0..B-1
 
     def probabilities(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(probs [B, K], token ids [B, K])``: each row's nucleus, renormalised, padded with zero probability
@@ -302,10 +322,17 @@ class NucleusSampler:
         return top, probs, ids, probs.cumsum(dim=-1) - probs
 
     def draw(self, scores: torch.Tensor) -> torch.Tensor:
-        """``[B]`` token ids drawn from each row's nucleus of ``scores [B, V]``: one multinomial draw per row, the
-        token that ``argmax(self(None, scores))`` picks, without making the ``[B, V]`` scores."""
+        """``[B]`` token ids drawn from each row's nucleus of ``scores [B, V]``: one multinomial draw per row (or
+        one uniform of each row's own stream, see the class doc), the token that ``argmax(self(None, scores))``
+        picks, without making the ``[B, V]`` scores."""
         probs, ids = self.probabilities(scores)
-        return ids.gather(-1, torch.multinomial(probs, 1)).squeeze(-1)
+        if self.streams is None:
+            return ids.gather(-1, torch.multinomial(probs, 1)).squeeze(-1)
+        rows = range(probs.shape[0]) if self.rows is None else self.rows
+        if len(rows) != probs.shape[0]:
+            raise ValueError(f"the sampler's rows name {len(rows)} rows, the scores hold {probs.shape[0]}")
+        u = torch.stack([torch.rand((), dtype=torch.float64, generator=self.streams[r]) for r in rows])
+        return ids.gather(-1, inverse_cdf(probs, u)[:, None]).squeeze(-1)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         drawn = self.draw(scores)
@@ -313,17 +340,48 @@ class NucleusSampler:
         return out.scatter_(-1, drawn[:, None], 0.0)
 
 
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``[B]`` column of each row of ``probs [B, K]`` (non-negative, a row's positive entries first) whose
+    cumulative mass first exceeds ``u [B]`` (in [0, 1)) times the row's total: a draw from the row's
+    distribution at the uniform ``u``. Sums in float64; never a zero-probability column."""
+    cdf = probs.double().cumsum(dim=-1)
+    col = torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    # u * total rounding up to the total: the row's last positive entry
+    return torch.minimum(col, (probs > 0).sum(dim=-1) - 1)
+
+
+def row_seeds(prompts: Sequence[str], seed: int) -> list[int]:
+    """One random-stream seed per row (:class:`NucleusSampler`'s ``row_seeds``): SHA-256 of ``seed``, the row's
+    prompt and how many rows before it repeat that prompt (the k-th sample of a prompt), cut to 63 bits.
+
+    A row's seed names what it is, not where it sits: the same prompt's k-th row gets the same seed in any
+    call, batch or order (the first problems of a set are a subset of the whole set's rows), and two agent pairs
+    sampled on the same prompts with the same ``seed`` share their random numbers row by row (a paired comparison
+    of the pairs sees the adapters' difference, not the draws')."""
+    import hashlib
+
+    seen: dict[str, int] = {}
+    out = []
+    for prompt in prompts:
+        k = seen.get(prompt, 0)
+        seen[prompt] = k + 1
+        digest = hashlib.sha256(f"{int(seed)}\x00{k}\x00{prompt}".encode()).digest()
+        out.append(int.from_bytes(digest[:8], "little") >> 1)
+    return out
+
+
 ROUND_TOKENS = 16  # decoding round length: finished rows leave the batch between rounds
 
 
 def _generate_in_rounds(
-    model, enc, kwargs: dict, tokenizer, width: int, fence_stop: bool, stacked=None
+    model, enc, kwargs: dict, tokenizer, width: int, fence_stop: bool, stacked=None, sampler=None
 ) -> torch.Tensor:
     """``model.generate`` in rounds of ``ROUND_TOKENS`` new tokens, continuing each round from the KV cache of
     the previous one with the unfinished rows only. Returns ``[B, width + T]`` ids laid out as one ``generate``
     call returns them (rows that stopped early padded with the pad token). ``stacked``: a
     :class:`orchestry.llm.decoding.StackedLoRA` whose hooks are on, given each round's per-row adapters instead of
-    peft's ``adapter_names``."""
+    peft's ``adapter_names``. ``sampler``: the :class:`NucleusSampler` among ``kwargs``' logits processors, told
+    each round's rows."""
     from transformers import StaticCache
 
     pad = tokenizer.pad_token_id
@@ -337,6 +395,8 @@ def _generate_in_rounds(
     active = torch.arange(B)
     new_tokens: list[list[int]] = [[] for _ in range(B)]
     while left > 0 and active.numel():
+        if sampler is not None:
+            sampler.rows = active.tolist()
         kw = dict(kwargs, max_new_tokens=min(ROUND_TOKENS, left), return_dict_in_generate=True)
         if cache is not None:
             kw["past_key_values"] = cache
@@ -422,6 +482,8 @@ def _decode_in_rounds(
     new_tokens: list[list[int]] = [[] for _ in range(B)]
     left = int(max_new_tokens)
     while left > 0 and active.numel():
+        if sampler is not None:
+            sampler.rows = active.tolist()
         if names is not None:
             decoder.row_mask = decoder.stacked.row_mask([names[i] for i in active.tolist()])
         start = seqs.shape[1]
@@ -472,6 +534,7 @@ def generate(
     stop_at_code_end: bool = True,
     stacked_lora: bool = True,
     fast_decoding: bool = True,
+    row_seeds: Sequence[int] | None = None,
 ) -> GenerationBatch:
     """Sample one completion per prompt in ONE batched generation (all rows decoded together).
 
@@ -484,6 +547,10 @@ def generate(
         adapter_names: per-row LoRA adapter (peft mixed-adapter batch), ``None`` for the bare model.
         temperature: 0 means greedy decoding.
         seed: seeds torch's sampler, so the same batch gives the same completions on CPU.
+        row_seeds: one random-stream seed per prompt (:func:`row_seeds`): each row samples from its own stream
+            (:class:`NucleusSampler`), so its completion does not depend on the other rows of the call or on
+            ``seed`` (up to the logits' rounding, which can differ in the last bits with the batch's shape). None:
+            torch's global generator, seeded with ``seed``.
         stacked_lora: per-row adapters through :class:`orchestry.llm.decoding.StackedLoRA` (two products per
             LoRA layer); False: through peft's mixed batch (the same completions, slower; kept for comparison).
         fast_decoding: decode with :class:`orchestry.llm.decoding.LlamaDecoder` where it covers the model (fp32
@@ -506,7 +573,11 @@ def generate(
     # sampling: NucleusSampler draws the token (same distribution as transformers' temperature + top-p warpers,
     # without sorting the vocabulary) and greedy decoding emits it
     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    sampler = NucleusSampler(temperature, top_p) if temperature and temperature > 0 else None
+    if row_seeds is not None and len(row_seeds) != len(prompts):
+        raise ValueError(f"row_seeds holds {len(row_seeds)} seeds for {len(prompts)} prompts")
+    sampler = (
+        NucleusSampler(temperature, top_p, row_seeds=row_seeds) if temperature and temperature > 0 else None
+    )
     if sampler is not None:
         kwargs["logits_processor"] = LogitsProcessorList([sampler])
     if stop_at_code_end:
@@ -567,7 +638,9 @@ def generate(
                     adapter_names if stacked is not None else None,
                 )
             else:
-                out = _generate_in_rounds(model, enc, kwargs, tokenizer, width, stop_at_code_end, stacked)
+                out = _generate_in_rounds(
+                    model, enc, kwargs, tokenizer, width, stop_at_code_end, stacked, sampler
+                )
     finally:
         model.train(was_training)
     completion = out[:, width:]

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from orchestry.config import SamplingParams
-from orchestry.llm.local import generate
+from orchestry.llm.local import generate, row_seeds
 
 log = logging.getLogger("orchestry.llm.sampling")
 
@@ -103,8 +103,13 @@ def sample_texts(
     bar=None,
     cache: SampleCache | None = None,
 ) -> list[SampledText]:
-    """Sample one completion per rendered prompt, ``batch_size`` rows per ``generate`` call (seed ``seed + start``
-    for the call from row ``start``).
+    """Sample one completion per rendered prompt, ``batch_size`` rows per ``generate`` call.
+
+    Each row samples from a random stream of its own, seeded from ``seed``, its prompt and how many rows before
+    it repeat that prompt (:func:`orchestry.llm.local.row_seeds`): a row's completion is the same whatever the
+    batch size, the order of the prompts or the other prompts of the call (up to the logits' last bits, which can
+    change with the batch's shape: a different token then needs a uniform within ~1e-6 of a boundary of the
+    nucleus), and rows of two agent pairs on the same prompts share their random numbers.
 
     ``bar``: an optional progress bar (:func:`orchestry.progress.progress_bar`) advanced by one per call, its
     postfix the call's completion tokens per second. ``cache``: a :class:`SampleCache` of the bare model; the
@@ -127,6 +132,7 @@ def sample_texts(
         cache.put(key, out)
         return out
     out: list[SampledText] = []
+    seeds = row_seeds(prompts, seed)
     for start in range(0, len(prompts), batch_size):
         chunk = list(prompts[start : start + batch_size])
         ad = list(adapters[start : start + batch_size]) if adapters is not None else None
@@ -139,6 +145,7 @@ def sample_texts(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             seed=seed + start,
+            row_seeds=seeds[start : start + batch_size],
         )
         per_row = b.seconds / max(1, len(chunk))
         out += [
