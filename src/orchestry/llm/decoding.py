@@ -401,7 +401,8 @@ class LlamaDecoder:
             rounded to bf16; the rows' LoRA stays fp32); None: :data:`DECODE_BF16` (``model.decode_dtype``).
         stack: with oneDNN products, the projections that read the same input run as one product each: q, k and
             v over their stacked weights, gate and up over theirs (the same logits, bit for bit, in fewer and
-            larger calls: 12 % less time per step at 16 rows, 6 % at 256 on the development machine); False: one
+            larger calls: a step at 16 / 256 rows 83 / 447 ms against 97 / 510 ms on an Intel Xeon with AMX,
+            benchmarks/README.md); False: one
             product per projection (kept for comparison); None: :data:`STACK`.
 
     Raises:
